@@ -1,0 +1,140 @@
+"""`slea`: the command line. Each subcommand parses its arguments and calls one function.
+
+Heavy imports (torch, ray, the envs) happen inside the command that needs them, so
+`slea --help` and config errors answer instantly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from slea.config import ConfigError, apply_override, load_config, parse_override
+
+
+def _config_args(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    parser.add_argument("config", nargs=None if required else "?", help="run YAML file (configs/local.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. --set learner.lr=1e-5 (repeatable)")
+
+
+def _print_json(result: dict) -> None:
+    print(json.dumps(result, indent=2, sort_keys=False))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    from slea.train import train
+
+    return train(config, resume_dir=args.resume)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from slea.doctor import run_doctor
+
+    return run_doctor(json_output=args.json)
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    from actors.envs.runner import play
+
+    params: dict = {}
+    for item in args.param:
+        apply_override(params, *parse_override(item))
+    result = play(args.env, policy=args.policy, episodes=args.episodes, seed=args.seed, params=params,
+                  max_steps=args.max_steps)
+    if args.json:
+        _print_json(result)
+    else:
+        for key, value in result.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.target == "stream":
+        from slea.bench_stream import bench_stream
+
+        result = bench_stream(records=args.records, producers=args.producers)
+    elif args.target == "envs":
+        from actors.envs.runner import bench_envs
+
+        result = bench_envs(args.env or None)
+    elif args.target == "learner":
+        from learner.bench import bench_learner
+
+        result = bench_learner()
+    else:
+        print(f"slea bench {args.target}: not built yet (see the open issues)", file=sys.stderr)
+        return 2
+    if args.json:
+        _print_json(result)
+    else:
+        for key, value in result.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+def cmd_not_built(args: argparse.Namespace) -> int:
+    print(f"slea {args.command}: not built yet (see the open issues)", file=sys.stderr)
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slea", description="SLEA-RL: step-level experience-augmented RL for LLM agents.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = commands.add_parser("train", help="run training from a config (actors, learner, library)")
+    _config_args(train)
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its directory")
+    train.set_defaults(func=cmd_train)
+
+    evaluate = commands.add_parser("eval", help="play an evaluation panel and report success and Pass@(k,T)")
+    evaluate.add_argument("model", help="checkpoint directory or model name")
+    evaluate.add_argument("--env", default="alfworld")
+    evaluate.add_argument("--panel", default="default")
+    evaluate.set_defaults(func=cmd_not_built)
+
+    play = commands.add_parser("play", help="play episodes of an env with an expert or random policy")
+    play.add_argument("--env", required=True, help="env name (alfworld, webshop, search_qa, textworld, frozenlake, sokoban)")
+    play.add_argument("--policy", choices=["expert", "random"], default="expert")
+    play.add_argument("--episodes", type=int, default=10)
+    play.add_argument("--seed", type=int, default=0)
+    play.add_argument("--max-steps", type=int, default=None)
+    play.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="env parameter, e.g. difficulty=easy")
+    play.add_argument("--json", action="store_true", help="print one JSON object")
+    play.set_defaults(func=cmd_play)
+
+    serve = commands.add_parser("serve-library", help="serve an experience library over Ray Serve")
+    _config_args(serve)
+    serve.set_defaults(func=cmd_not_built)
+
+    bench = commands.add_parser("bench", help="benchmarks that print ratios against an in-run baseline")
+    bench.add_argument("target", choices=["stream", "envs", "learner", "retrieval", "actors", "async"])
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench.add_argument("--records", type=int, default=20_000, help="stream: records to push through")
+    bench.add_argument("--producers", type=int, default=4, help="stream: producer processes")
+    bench.add_argument("--env", action="append", default=[], help="envs: restrict to these envs (repeatable)")
+    bench.set_defaults(func=cmd_bench)
+
+    doctor = commands.add_parser("doctor", help="check this machine: Python, torch, Redis, Ray, GPU/vLLM, models")
+    doctor.add_argument("--json", action="store_true")
+    doctor.set_defaults(func=cmd_doctor)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"slea: config error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("slea: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Run configuration: one YAML file per run, one pydantic model per component.
+
+Every field has a default (the reference defaults of DESIGN.md) and a one-line description,
+so `configs/*.yaml` only spells out what a run changes. Unknown keys are errors, because a
+typo in an RL config silently training with a default is the most expensive bug there is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot be used; the message names the offending key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(_Section):
+    id: str = Field("local", description="Run id; names the Redis stream slea:<id>:steps and the run directory.")
+    dir: str = Field("runs", description="Parent folder of run directories.")
+    seed: int = Field(0, description="Seed for task sampling, generation and training.")
+    preset: Literal["slea", "grpo", "task_retrieval"] = Field(
+        "slea", description="Algorithm preset: step retrieval + step advantages, plain GRPO, or retrieval once per task."
+    )
+
+    @field_validator("id")
+    @classmethod
+    def _id_is_a_key(cls, value: str) -> str:
+        if not value or any(ch in value for ch in " :/\\\n\t"):
+            raise ValueError("must be non-empty with no spaces, ':' or slashes (it is part of Redis keys and paths)")
+        return value
+
+
+class RedisConfig(_Section):
+    url: str | None = Field(None, description="redis:// or rediss:// URL; null starts a private embedded redis-server.")
+    password_env: str | None = Field("SLEA_REDIS_PASSWORD", description="Environment variable holding the password (never put it in YAML).")
+    password_file: str | None = Field(None, description="File holding the password, e.g. a mounted Kubernetes Secret.")
+    tls_ca_file: str | None = Field(None, description="CA bundle for rediss:// connections.")
+    tls_verify: bool = Field(True, description="Verify the server certificate on rediss:// connections.")
+    embedded_appendonly: bool = Field(True, description="Embedded server persists with AOF so a restart loses nothing acknowledged.")
+    batch_size: int = Field(64, ge=1, le=10_000, description="Records per pipelined XADD batch.")
+    read_count: int = Field(256, ge=1, le=100_000, description="Entries per XREADGROUP call.")
+    block_ms: int = Field(1000, ge=0, description="How long a consumer read blocks waiting for new entries.")
+    claim_idle_ms: int = Field(60_000, ge=1, description="Pending entries idle this long are claimed from dead consumers.")
+    max_deliveries: int = Field(5, ge=1, description="After this many deliveries an entry moves to the dead-letter stream.")
+    max_lag: int = Field(20_000, ge=1, description="Learner lag (entries) above which actors throttle.")
+    reconnect_max_s: float = Field(30.0, gt=0, description="Give up reconnecting after this long without Redis.")
+    socket_timeout_s: float = Field(10.0, gt=0, description="Socket timeout for Redis commands (blocking reads add block_ms).")
+
+
+class ModelConfig(_Section):
+    name: str = Field("smollm2-135m-instruct", description="HF id, local directory, GGUF file, or 'smollm2-135m-instruct' (shipped package).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype for generation and training.")
+    max_prompt_tokens: int = Field(2048, ge=16, description="Prompts longer than this are truncated from the history side.")
+    max_new_tokens: int = Field(128, ge=1, description="Response budget per step.")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+
+
+class EnvsConfig(_Section):
+    name: str = Field("alfworld", description="Environment name from the registry (or one of `plugins`).")
+    params: dict[str, Any] = Field(default_factory=dict, description="Env-specific parameters, e.g. difficulty: easy.")
+    max_steps: int | None = Field(None, ge=1, description="Step budget per episode; null uses the env's default (ALFWorld 50).")
+    budgets: list[int] = Field(default_factory=list, description="Budget-mixed training: sample each episode's step budget from these.")
+    eval_panel: str = Field("default", description="Evaluation panel name; training never samples its tasks.")
+    plugins: dict[str, str] = Field(default_factory=dict, description="Extra envs: name -> 'module:Class' adapter.")
+
+
+class ActorsConfig(_Section):
+    num_workers: int = Field(2, ge=0, description="Actor workers (Ray actors) in the pool.")
+    envs_per_worker: int = Field(8, ge=1, description="Environments each worker plays concurrently.")
+    engine: Literal["transformers", "vllm"] = Field("transformers", description="Generation engine.")
+    engine_args: dict[str, Any] = Field(default_factory=dict, description="Passed through to the engine (e.g. vLLM gpu_memory_utilization).")
+    group_size: int = Field(8, ge=1, description="G: trajectories per task group.")
+    history_length: int = Field(2, ge=0, description="Observation/action pairs of history in the prompt.")
+    retrieval_mode: Literal["step", "task", "none"] = Field("step", description="Retrieve every step, once per episode, or never.")
+    retrieval_timeout_s: float = Field(0.5, gt=0, description="A retrieval slower than this is skipped and counted as a miss.")
+    ab_groups: bool = Field(False, description="EDGE A/B groups: first half with experiences, second half without.")
+    max_staleness: int = Field(4, ge=0, description="Do not start groups while this many versions behind the learner.")
+    num_cpus: float = Field(1.0, gt=0, description="Ray CPUs per actor worker.")
+    num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per actor worker.")
+    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources pinning workers to their pool.")
+
+
+class LearnerConfig(_Section):
+    tasks_per_step: int = Field(16, ge=1, description="Ready task groups per training step.")
+    gamma: float = Field(0.95, ge=0, le=1, description="Discount of step returns.")
+    omega: float = Field(1.0, ge=0, description="Weight of the step-level (anchor) advantage.")
+    advantage_mode: Literal["mean_norm", "mean_std_norm"] = Field("mean_norm", description="Group normalisation.")
+    episode_stats: Literal["per_step", "per_trajectory"] = Field("per_step", description="Episode advantage statistics over step rows or trajectories.")
+    anchor: Literal["exact", "cluster"] = Field("exact", description="Anchor states: exact observation text or library cluster key.")
+    invalid_penalty: float = Field(0.1, ge=0, description="Penalty on the step whose action was invalid.")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
+    clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1.")
+    clip_high: float = Field(0.28, ge=0, description="PPO ratio clip above 1 (asymmetric, DAPO-style).")
+    kl_coef: float = Field(0.01, ge=0, description="KL penalty to the frozen reference policy (low-variance estimator).")
+    entropy_coef: float = Field(0.001, ge=0, description="Entropy bonus.")
+    max_staleness: int = Field(4, ge=0, description="Steps more than this many versions old are dropped.")
+    behav_weight_cap: float = Field(5.0, gt=0, description="Decoupled PPO: cap of the behaviour-to-proximal importance weight.")
+    micro_batch_tokens: int = Field(4096, ge=16, description="Token budget per micro-batch (gradient accumulation across them).")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage.")
+    group_timeout_s: float = Field(600.0, gt=0, description="Groups not complete after this long are dropped.")
+    checkpoint_every: int = Field(10, ge=1, description="Checkpoint every N learner steps (and on shutdown).")
+    max_steps: int = Field(100, ge=1, description="Learner steps in the run.")
+    num_gpus: float = Field(0.0, ge=0, description="Ray GPUs for the learner.")
+    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources pinning the learner.")
+
+
+class LibraryConfig(_Section):
+    enabled: bool = Field(True, description="Run the experience library (false for plain GRPO).")
+    k_strategies: int = Field(2, ge=0, le=32, description="Strategies injected per step.")
+    k_warnings: int = Field(1, ge=0, le=32, description="Warnings injected per step.")
+    max_tokens: int = Field(200, ge=1, le=4096, description="Token budget of injected experiences.")
+    delta: float = Field(0.85, ge=-1, le=1, description="Cosine similarity to join an existing cluster.")
+    group_instance_numbers: bool = Field(False, description="Treat 'countertop 1' and 'countertop 2' states as one structural key.")
+    max_clusters: int = Field(20_000, ge=1, description="Clusters per task type; the least used is evicted beyond this.")
+    strategy_capacity: dict[str, int] = Field(
+        default_factory=lambda: {"principle": 100, "method": 100, "example": 100}, description="E+ capacity per level."
+    )
+    warning_capacity: dict[str, int] = Field(
+        default_factory=lambda: {"mistake": 50, "pattern": 50, "diagnostic": 50}, description="E- capacity per level."
+    )
+    max_successes_per_window: int = Field(5, ge=0, description="Successes distilled per window.")
+    max_failures_per_window: int = Field(5, ge=0, description="Failures distilled per window.")
+    max_strategies_per_window: int = Field(10, ge=0, description="Strategies admitted per window.")
+    max_warnings_per_window: int = Field(5, ge=0, description="Warnings admitted per window.")
+    window_versions: int = Field(1, ge=1, description="Extraction window length in learner versions.")
+    warmup_versions: int = Field(5, ge=0, description="No injection before this many versions ...")
+    warmup_experiences: int = Field(10, ge=0, description="... or before the library holds this many experiences.")
+    extractor: Literal["rules", "llm"] = Field("rules", description="Distil episodes by deterministic rules or by an LLM.")
+    extractor_endpoint: str | None = Field(None, description="OpenAI-compatible endpoint for the llm extractor; null uses the local model.")
+    snapshot_every: int = Field(10, ge=1, description="Snapshot every N library versions (and on shutdown).")
+    replicas: int = Field(1, ge=1, description="Ray Serve replicas of the retrieval app.")
+    max_replicas: int = Field(4, ge=1, description="Serve autoscaling upper bound.")
+    http_port: int = Field(8000, ge=0, le=65535, description="Ray Serve HTTP port (0 = no HTTP).")
+    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources pinning the library.")
+
+
+class MonitoringConfig(_Section):
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="prometheus-client HTTP port outside Ray (null = none, 0 = any free port).")
+    tensorboard: bool = Field(True, description="Write TensorBoard event files into the run directory.")
+    plots: bool = Field(True, description="Write PNG plots into the run directory as the run goes.")
+
+
+class RayConfig(_Section):
+    address: str | None = Field(None, description="Join this Ray cluster ('auto' on KubeRay); null starts a local one.")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray (null = all).")
+
+
+class SleaConfig(_Section):
+    run: RunConfig = Field(default_factory=RunConfig, description="Run identity and algorithm preset.")
+    redis: RedisConfig = Field(default_factory=RedisConfig, description="Step stream transport.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model and sampling.")
+    envs: EnvsConfig = Field(default_factory=EnvsConfig, description="Environments and tasks.")
+    actors: ActorsConfig = Field(default_factory=ActorsConfig, description="Actor pool.")
+    learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner and its algorithm.")
+    library: LibraryConfig = Field(default_factory=LibraryConfig, description="Experience library.")
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig, description="Metrics and run outputs.")
+    ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster.")
+
+    def stream_key(self) -> str:
+        return f"slea:{self.run.id}:steps"
+
+    def dead_letter_key(self) -> str:
+        return f"slea:{self.run.id}:dead"
+
+
+def _describe(error: dict[str, Any]) -> str:
+    key = ".".join(str(part) for part in error["loc"]) or "<root>"
+    if error["type"] == "extra_forbidden":
+        return f"unknown key '{key}'"
+    if error["type"] == "missing":
+        return f"missing key '{key}'"
+    return f"bad value for '{key}': {error['msg']} (got {error.get('input')!r})"
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'a.b.c=value' -> (['a','b','c'], value); the value is parsed as YAML so 3, true, [1,2] work."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like key.path=value")
+    path, raw = text.split("=", 1)
+    keys = [key for key in path.strip().split(".") if key]
+    if not keys:
+        raise ConfigError(f"override '{text}' has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override '{path}': value {raw!r} is not valid YAML ({exc.problem})") from None
+    return keys, value
+
+
+def apply_override(tree: dict[str, Any], keys: list[str], value: Any) -> None:
+    node = tree
+    for depth, key in enumerate(keys[:-1]):
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override '{'.'.join(keys)}': '{'.'.join(keys[: depth + 1])}' is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> SleaConfig:
+    """Read a YAML run file (or defaults), apply `--set` overrides, validate; errors name the key."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file '{path}' does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"config file '{path}' is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file '{path}' must be a mapping of sections, got {type(loaded).__name__}")
+        tree = loaded or {}
+    for override in overrides:
+        apply_override(tree, *parse_override(override))
+    try:
+        return SleaConfig.model_validate(tree)
+    except ValidationError as exc:
+        problems = [_describe(error) for error in exc.errors()]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ConfigError(problems[0] + more) from None
+
+
+def dump_config(config: SleaConfig) -> str:
+    """The fully resolved config as YAML, written into every run directory."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,208 @@
+"""The step stream: a pipelined producer and an at-least-once consumer-group reader.
+
+Semantics (DESIGN.md, "Stream semantics"): every consumer group sees every entry; a consumer
+reads its own pending entries first after a restart, then new ones; it acknowledges only
+after the caller says the effect is durable; entries idle too long in a dead consumer are
+claimed (XAUTOCLAIM); an entry delivered `max_deliveries` times, or one that does not decode,
+moves to the dead-letter stream with the reason, so one poison record never stops a group.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import redis
+
+from monitoring.metrics import metric
+from slea.records import RecordDecodeError, StepRecord, decode, encode
+from slea.redis_conn import with_reconnect
+
+PAYLOAD_FIELD = b"r"
+
+
+@dataclass
+class Delivery:
+    """One stream entry handed to a consumer."""
+
+    entry_id: str  # Redis stream id, e.g. "1700000000000-0"; pass it to ack()
+    record: StepRecord  # decoded payload
+
+
+def ensure_group(client: redis.Redis, stream: str, group: str) -> None:
+    """Create the group at the start of the stream (MKSTREAM); an existing group is left alone."""
+    try:
+        client.xgroup_create(stream, group, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+class StreamProducer:
+    """XADDs StepRecords in pipelined batches (one round trip per batch)."""
+
+    def __init__(self, client: redis.Redis, stream: str, *, batch_size: int = 64, reconnect_max_s: float = 30.0):
+        self.client = client
+        self.stream = stream
+        self.batch_size = batch_size
+        self.reconnect_max_s = reconnect_max_s
+        self._produced = metric("stream_records_produced_total").labels(stream=stream)
+        self._bytes = metric("stream_bytes_produced_total").labels(stream=stream)
+        self._reconnects = metric("stream_reconnects_total").labels(stream=stream, role="producer")
+
+    def send(self, records: list[StepRecord]) -> list[str]:
+        """Encode and append records; returns their entry ids in order."""
+        payloads = [encode(record) for record in records]
+        return self.send_payloads(payloads)
+
+    def send_payloads(self, payloads: list[bytes]) -> list[str]:
+        ids: list[str] = []
+        for start in range(0, len(payloads), self.batch_size):
+            batch = payloads[start : start + self.batch_size]
+            ids.extend(with_reconnect(lambda: self._xadd_batch(batch), max_wait_s=self.reconnect_max_s,
+                                      on_retry=self._reconnects.inc))
+            self._produced.inc(len(batch))
+            self._bytes.inc(sum(len(payload) for payload in batch))
+        return ids
+
+    def _xadd_batch(self, batch: list[bytes]) -> list[str]:
+        pipe = self.client.pipeline(transaction=False)
+        for payload in batch:
+            pipe.xadd(self.stream, {PAYLOAD_FIELD: payload})
+        return [entry_id.decode() for entry_id in pipe.execute()]
+
+
+class StreamConsumer:
+    """One consumer of one group: read() -> [Delivery], ack(ids) after the effect is durable."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        stream: str,
+        *,
+        group: str,
+        consumer: str,
+        dead_letter_key: str,
+        max_deliveries: int = 5,
+        claim_idle_ms: int = 60_000,
+        reconnect_max_s: float = 30.0,
+    ):
+        self.client = client
+        self.stream = stream
+        self.group = group
+        self.consumer = consumer
+        self.dead_letter_key = dead_letter_key
+        self.max_deliveries = max_deliveries
+        self.claim_idle_ms = claim_idle_ms
+        self.reconnect_max_s = reconnect_max_s
+        self._pending_cursor: str | None = "0"  # re-read own pending entries first; None once drained
+        self._next_claim = 0.0
+        self._consumed = metric("stream_records_consumed_total").labels(stream=stream, group=group)
+        self._acked = metric("stream_records_acked_total").labels(stream=stream, group=group)
+        self._claimed = metric("stream_records_claimed_total").labels(stream=stream, group=group)
+        self._reconnects = metric("stream_reconnects_total").labels(stream=stream, role=f"consumer:{group}")
+        self._retry(lambda: ensure_group(client, stream, group))
+
+    def _retry(self, call):
+        return with_reconnect(call, max_wait_s=self.reconnect_max_s, on_retry=self._on_reconnect)
+
+    def _on_reconnect(self) -> None:
+        self._reconnects.inc()
+        self._pending_cursor = "0"  # what was in flight before the outage is re-read, never skipped
+
+    def read(self, count: int = 256, block_ms: int = 1000) -> list[Delivery]:
+        """Own pending entries first, then entries claimed from dead consumers, then new ones (blocking)."""
+        if self._pending_cursor is not None:
+            deliveries = self._retry(lambda: self._read_pending(count))
+            if deliveries:
+                return deliveries
+        if time.monotonic() >= self._next_claim:
+            self._next_claim = time.monotonic() + self.claim_idle_ms / 2000
+            deliveries = self._retry(lambda: self.claim_idle(count))
+            if deliveries:
+                return deliveries
+        return self._retry(lambda: self._read_new(count, block_ms))
+
+    def _read_pending(self, count: int) -> list[Delivery]:
+        reply = self.client.xreadgroup(self.group, self.consumer, {self.stream: self._pending_cursor}, count=count)
+        entries = reply[0][1] if reply else []
+        if not entries:
+            self._pending_cursor = None
+            return []
+        self._pending_cursor = entries[-1][0].decode()
+        return self._decode_entries(self._drop_overdelivered(entries))
+
+    def _drop_overdelivered(self, entries):
+        """A consumer that keeps crashing on the same pending entry must not loop on it forever:
+        this re-read already counted as a delivery, so more than max_deliveries means poison."""
+        counts = {
+            entry["message_id"]: entry["times_delivered"]
+            for entry in self.client.xpending_range(self.stream, self.group, min=entries[0][0], max=entries[-1][0],
+                                                    count=len(entries), consumername=self.consumer)
+        }
+        kept = []
+        for raw_id, fields in entries:
+            delivered = counts.get(raw_id, 0)
+            if delivered > self.max_deliveries and fields is not None:
+                self._dead_letter(raw_id.decode(), fields.get(PAYLOAD_FIELD, b""), f"delivered {delivered} times without ack")
+            else:
+                kept.append((raw_id, fields))
+        return kept
+
+    def _read_new(self, count: int, block_ms: int) -> list[Delivery]:
+        reply = self.client.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms)
+        return self._decode_entries(reply[0][1] if reply else [])
+
+    def claim_idle(self, count: int = 256) -> list[Delivery]:
+        """Take over entries idle longer than claim_idle_ms; dead-letter those delivered too often."""
+        stale = self.client.xpending_range(
+            self.stream, self.group, min="-", max="+", count=count, idle=self.claim_idle_ms
+        )
+        for entry in stale:
+            if entry["times_delivered"] >= self.max_deliveries:
+                entry_id = entry["message_id"].decode()
+                found = self.client.xrange(self.stream, min=entry_id, max=entry_id)
+                payload = found[0][1].get(PAYLOAD_FIELD, b"") if found else b""
+                self._dead_letter(entry_id, payload, f"delivered {entry['times_delivered']} times without ack")
+        _next, entries, deleted = self.client.xautoclaim(
+            self.stream, self.group, self.consumer, min_idle_time=self.claim_idle_ms, start_id="0-0", count=count
+        )
+        if deleted:  # trimmed while pending in a dead consumer: nothing left to process
+            self.client.xack(self.stream, self.group, *deleted)
+        self._claimed.inc(len(entries))
+        return self._decode_entries(entries)
+
+    def _decode_entries(self, entries) -> list[Delivery]:
+        deliveries = []
+        for raw_id, fields in entries:
+            entry_id = raw_id.decode()
+            if fields is None:  # pending entry whose payload was trimmed away
+                self.client.xack(self.stream, self.group, entry_id)
+                continue
+            payload = fields.get(PAYLOAD_FIELD)
+            try:
+                if payload is None:
+                    raise RecordDecodeError(f"entry has no '{PAYLOAD_FIELD.decode()}' field")
+                deliveries.append(Delivery(entry_id, decode(payload)))
+            except RecordDecodeError as exc:
+                self._dead_letter(entry_id, payload or b"", f"malformed: {exc}")
+        self._consumed.inc(len(deliveries))
+        return deliveries
+
+    def _dead_letter(self, entry_id: str, payload: bytes, reason: str) -> None:
+        """Keep the entry with its reason in slea:<run>:dead, then ack it so the group moves on."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xadd(self.dead_letter_key, {
+            "source_stream": self.stream, "source_id": entry_id, "group": self.group,
+            "reason": reason, "payload": payload, "at": str(time.time()),
+        })
+        pipe.xack(self.stream, self.group, entry_id)
+        pipe.execute()
+        kind = reason.split(":", 1)[0] if reason.startswith("malformed") else "max_deliveries"
+        metric("stream_dead_lettered_total").labels(stream=self.stream, group=self.group, reason=kind).inc()
+
+    def ack(self, entry_ids: list[str]) -> None:
+        """Acknowledge entries whose effect is durable (checkpointed, snapshotted, or deliberately dropped)."""
+        if entry_ids:
+            self._retry(lambda: self.client.xack(self.stream, self.group, *entry_ids))
+            self._acked.inc(len(entry_ids))

@@ -1,0 +1,31 @@
+"""Shared fixtures: a real redis-server per test module, flushed between tests."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from slea.embedded_redis import EmbeddedRedis
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    """A private redis-server (AOF on, so restart tests keep acknowledged data) for one test module."""
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), appendonly=True)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    """URL of a freshly flushed server."""
+    redis.Redis.from_url(redis_server.url).flushall()
+    return redis_server.url
+
+
+@pytest.fixture
+def redis_client(redis_url) -> redis.Redis:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()

