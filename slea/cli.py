@@ -10,7 +10,9 @@ import argparse
 import json
 import sys
 
+from actors.envs.registry import UnknownEnvError
 from slea.config import ConfigError, apply_override, load_config, parse_override
+from slea.embedded_redis import RedisServerMissing
 
 
 def _config_args(parser: argparse.ArgumentParser, required: bool = False) -> None:
@@ -130,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as exc:
         print(f"slea: config error: {exc}", file=sys.stderr)
+        return 2
+    except (RedisServerMissing, UnknownEnvError, FileNotFoundError) as exc:
+        print(f"slea: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("slea: interrupted", file=sys.stderr)

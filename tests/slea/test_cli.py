@@ -42,3 +42,15 @@ def test_unknown_config_key_is_exit_2_without_traceback():
     result = run("train", "--set", "learner.not_a_field=1")
     assert result.returncode == 2
     assert result.stderr.strip() == "slea: config error: unknown key 'learner.not_a_field'"
+
+
+def test_train_without_redis_server_on_path_says_how_to_fix_it(tmp_path):
+    env = {"PATH": str(tmp_path), "HOME": str(tmp_path)}
+    result = subprocess.run([*SLEA, "train", "--set", f"run.dir={tmp_path}"], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "slea: redis-server is not on PATH: install it (Debian/Ubuntu: sudo apt-get install redis-server) "
+        "or set redis.url to a running server"
+    )

@@ -184,3 +184,45 @@ def test_redis_restart_during_production_loses_nothing_acknowledged(redis_server
     assert len(produced_keys) == 1200
     assert set(produced_keys) <= set(applied)  # every produced step arrived; redelivery only adds repeats
     assert group_stats(client, STREAM)["learner"].pending == 0
+
+
+def test_transport_metrics_count_what_happened(redis_client):
+    from prometheus_client import REGISTRY
+
+    def sample(name, **labels):
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = {
+        "produced": sample("slea_stream_records_produced_total", stream=STREAM),
+        "acked": sample("slea_stream_records_acked_total", stream=STREAM, group="learner"),
+        "dead": sample("slea_stream_dead_lettered_total", stream=STREAM, group="learner", reason="malformed"),
+    }
+    reader = consumer(redis_client, "learner", "l0")
+    StreamProducer(redis_client, STREAM).send(make_records(12))
+    redis_client.xadd(STREAM, {PAYLOAD_FIELD: b"junk"})
+    drain(reader, {})
+    group_stats(redis_client, STREAM)
+    assert sample("slea_stream_records_produced_total", stream=STREAM) - before["produced"] == 12
+    assert sample("slea_stream_records_acked_total", stream=STREAM, group="learner") - before["acked"] == 12
+    assert sample("slea_stream_dead_lettered_total", stream=STREAM, group="learner", reason="malformed") - before["dead"] == 1
+    assert sample("slea_stream_lag", stream=STREAM, group="learner") == 0
+    assert sample("slea_stream_bytes_produced_total", stream=STREAM) > 12 * 100
+
+
+def test_auth_password_comes_from_env_or_file(redis_client, redis_url, tmp_path, monkeypatch):
+    import pytest
+    from slea.config import RedisConfig
+    from slea.redis_conn import connect
+
+    redis_client.config_set("requirepass", "s3cret")
+    try:
+        with pytest.raises(redis.AuthenticationError):
+            connect(RedisConfig(password_env="SLEA_TEST_UNSET_PASSWORD"), redis_url).ping()
+        monkeypatch.setenv("SLEA_TEST_PASSWORD", "s3cret")
+        assert connect(RedisConfig(password_env="SLEA_TEST_PASSWORD"), redis_url).ping()
+        secret = tmp_path / "password"
+        secret.write_text("s3cret\n")
+        assert connect(RedisConfig(password_file=str(secret)), redis_url).ping()
+    finally:
+        authed = redis.Redis.from_url(redis_url, password="s3cret")
+        authed.config_set("requirepass", "")
