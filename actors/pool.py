@@ -1,0 +1,121 @@
+"""The actor pool on Ray: workers as restartable async Ray actors, scaled while a run goes.
+
+Each worker is a Ray actor (`max_restarts=-1`) holding one ActorWorker. If its process dies,
+Ray restarts it; the new incarnation's constructor marks the previous one's episodes in flight
+as abandoned, and the pool's next `supervise()` starts its run loop again, so the pool refills.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import ray
+
+from slea.config import SleaConfig
+
+log = logging.getLogger(__name__)
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0)
+class ActorWorkerProcess:
+    """Ray actor hosting one ActorWorker (engine, envs, retrieval client, weight subscriber)."""
+
+    def __init__(self, config: dict, worker_index: int, redis_url: str):
+        from actors.engines import SamplingSettings, make_engine
+        from actors.retrieval_client import RetrievalClient
+        from actors.weights_client import WeightSubscriber
+        from actors.worker import ActorWorker
+        from slea.redis_conn import connect
+
+        self.config = SleaConfig.model_validate(config)
+        cfg = self.config
+        engine = make_engine(
+            cfg.actors.engine, cfg.model.name,
+            SamplingSettings(temperature=cfg.model.temperature, top_p=cfg.model.top_p, max_new_tokens=cfg.model.max_new_tokens),
+            dtype=cfg.model.dtype, max_batch=cfg.actors.envs_per_worker, engine_args=cfg.actors.engine_args,
+        )
+        retrieval = None
+        if cfg.library.enabled and cfg.actors.retrieval_mode != "none":
+            retrieval = RetrievalClient(k_strategies=cfg.library.k_strategies, k_warnings=cfg.library.k_warnings,
+                                        max_tokens=cfg.library.max_tokens, timeout_s=cfg.actors.retrieval_timeout_s,
+                                        max_batch=max(cfg.actors.envs_per_worker, 1))
+        self.worker = ActorWorker(cfg, worker_index, connect(cfg.redis, redis_url), engine, retrieval,
+                                  WeightSubscriber(cfg.run.id, str(worker_index)))
+        self.worker.mark_abandoned()  # a previous incarnation's half episodes, before anything new
+        self._run: asyncio.Task | None = None
+
+    async def ensure_running(self) -> bool:
+        """Start the run loop if it is not running; True if it was started now."""
+        if self._run is None or self._run.done():
+            if self._run is not None and self._run.exception() is not None:
+                log.error("actor worker loop failed: %r", self._run.exception())
+            self._run = asyncio.get_running_loop().create_task(self.worker.run())
+            return True
+        return False
+
+    async def stop(self) -> dict:
+        """Finish the groups in flight, start no new ones, return the worker's summary."""
+        self.worker.stop()
+        if self._run is not None:
+            await self._run
+        return self.worker.summary()
+
+    def summary(self) -> dict:
+        return self.worker.summary()
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class ActorPool:
+    """Driver-side handle on the workers: start, scale, supervise, stop."""
+
+    def __init__(self, config: SleaConfig, redis_url: str):
+        self.config = config
+        self.redis_url = redis_url
+        self.workers: dict[int, ray.actor.ActorHandle] = {}
+        self._next_index = 0
+
+    def _options(self) -> dict:
+        actors = self.config.actors
+        options = {"num_cpus": actors.num_cpus, "num_gpus": actors.num_gpus}
+        if actors.resources:
+            options["resources"] = dict(actors.resources)
+        return options
+
+    def scale(self, num_workers: int) -> None:
+        """Add or remove workers to reach `num_workers` (removed ones finish their groups first)."""
+        while len(self.workers) < num_workers:
+            index = self._next_index
+            self._next_index += 1
+            self.workers[index] = ActorWorkerProcess.options(**self._options()).remote(
+                self.config.model_dump(mode="json"), index, self.redis_url)
+        surplus = sorted(self.workers)[num_workers:]
+        if surplus:
+            ray.get([self.workers[index].stop.remote() for index in surplus])
+            for index in surplus:
+                ray.kill(self.workers.pop(index), no_restart=True)
+        self.supervise()
+
+    def supervise(self) -> int:
+        """(Re)start the run loop of every worker that is not running; returns how many were started."""
+        started = 0
+        for index, worker in list(self.workers.items()):
+            try:
+                started += ray.get(worker.ensure_running.remote())
+            except ray.exceptions.RayActorError as exc:  # restarting right now: next supervise() catches it
+                log.warning("actor worker %d unavailable: %s", index, exc)
+        return started
+
+    def summaries(self) -> list[dict]:
+        return ray.get([worker.summary.remote() for worker in self.workers.values()])
+
+    def stop(self) -> list[dict]:
+        summaries = ray.get([worker.stop.remote() for worker in self.workers.values()])
+        for worker in self.workers.values():
+            ray.kill(worker, no_restart=True)
+        self.workers.clear()
+        return summaries

@@ -1,0 +1,129 @@
+"""Per-step prompts: retrieved experiences (Prompt A) + the verl-agent style observation.
+
+Token in, token out: the prompt is tokenised here once with the model's chat template, and
+exactly those ids are generated from and recorded in the StepRecord; nothing downstream ever
+re-tokenises text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
+
+EXPERIENCE_HEADER = (
+    "You can draw on experiences from earlier episodes in states like the current one. "
+    "Use them only if they fit the current observation; ignore them otherwise."
+)
+
+OBSERVATION_TEMPLATE = """Your task is to: {task}
+Prior to this step, you have already taken {steps_taken} step(s). {history}
+You are now at step {current_step} and your current observation is: {observation}
+{admissible}
+Now it's your turn to take an action.
+You should first reason step-by-step about the current situation. This reasoning process MUST be enclosed within <think> </think> tags.
+Once you've finished your reasoning, you should choose an action for the current step and present it within <action> </action> tags."""
+
+
+@dataclass
+class Experience:
+    """One retrieved library item as the prompt shows it."""
+
+    experience_id: str  # library id, recorded in StepRecord.experience_ids
+    zone: str  # "strategy" (E+) or "warning" (E-)
+    text: str  # the lesson itself
+
+
+@dataclass
+class TurnHistory:
+    """What an episode has seen so far (the prompt shows the last `history_length` pairs)."""
+
+    task_text: str  # the instruction of the task
+    observations: list[str] = field(default_factory=list)  # observation before each action taken
+    actions: list[str] = field(default_factory=list)  # action text taken at each step ("" if unparsable)
+
+    def record(self, observation: str, action: str) -> None:
+        self.observations.append(observation)
+        self.actions.append(action)
+
+
+def experience_block(experiences: list[Experience]) -> str:
+    """Prompt A: strategies then warnings, each one line, under a line saying when to use them."""
+    if not experiences:
+        return ""
+    strategies = [e for e in experiences if e.zone == "strategy"]
+    warnings = [e for e in experiences if e.zone == "warning"]
+    lines = [EXPERIENCE_HEADER]
+    if strategies:
+        lines.append("Strategies that worked:")
+        lines.extend(f"- {e.text}" for e in strategies)
+    if warnings:
+        lines.append("Mistakes to avoid:")
+        lines.extend(f"- {e.text}" for e in warnings)
+    return "\n".join(lines)
+
+
+def observation_text(history: TurnHistory, observation: str, admissible_actions: list[str], history_length: int) -> str:
+    steps_taken = len(history.actions)
+    keep = min(history_length, steps_taken)
+    if keep:
+        pairs = [
+            f"[Observation {steps_taken - keep + i + 1}: {obs!r}, Action {steps_taken - keep + i + 1}: {act!r}]"
+            for i, (obs, act) in enumerate(zip(history.observations[-keep:], history.actions[-keep:]))
+        ]
+        history_text = f"Below are the most recent {keep} observations and the actions you took: " + " ".join(pairs)
+    else:
+        history_text = ""
+    admissible = (
+        f"Your admissible actions of the current situation are: [{', '.join(repr(a) for a in admissible_actions)}].\n"
+        if admissible_actions else ""
+    )
+    return OBSERVATION_TEMPLATE.format(
+        task=history.task_text, steps_taken=steps_taken, history=history_text, current_step=steps_taken + 1,
+        observation=observation, admissible=admissible,
+    )
+
+
+class PromptBuilder:
+    """Builds the token ids of one step's prompt within a token budget."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, history_length: int = 2, max_prompt_tokens: int = 2048,
+                 max_experience_tokens: int = 200):
+        self.tokenizer = tokenizer
+        self.history_length = history_length
+        self.max_prompt_tokens = max_prompt_tokens
+        self.max_experience_tokens = max_experience_tokens
+
+    def fit_experiences(self, experiences: list[Experience]) -> list[Experience]:
+        """Keep experiences in rank order while their lines fit the experience token budget
+        (the fixed header line is not counted: the budget is for lessons, as in the paper)."""
+        kept, used = [], 0
+        for experience in experiences:
+            cost = len(self.tokenizer.encode(f"- {experience.text}\n", add_special_tokens=False))
+            if used + cost > self.max_experience_tokens:
+                break
+            kept.append(experience)
+            used += cost
+        return kept
+
+    def build(self, history: TurnHistory, observation: str, admissible_actions: list[str],
+              experiences: list[Experience]) -> tuple[list[int], list[Experience]]:
+        """(prompt token ids, the experiences actually in it). History shrinks first when over budget."""
+        experiences = self.fit_experiences(experiences)
+        system = experience_block(experiences)
+        for history_length in range(self.history_length, -1, -1):
+            messages = [{"role": "system", "content": system}] if system else []
+            messages.append({"role": "user", "content": observation_text(history, observation, admissible_actions, history_length)})
+            ids = self._apply_template(messages)
+            if len(ids) <= self.max_prompt_tokens:
+                return ids, experiences
+        # Even without history the prompt is too long (huge admissible lists): keep its head and
+        # tail so the template's instructions and the generation prompt survive.
+        head = self.max_prompt_tokens // 4
+        return ids[:head] + ids[len(ids) - (self.max_prompt_tokens - head):], experiences
+
+    def _apply_template(self, messages: list[dict]) -> list[int]:
+        encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if hasattr(encoded, "input_ids") or isinstance(encoded, dict):  # newer transformers return a BatchEncoding
+            encoded = encoded["input_ids"]
+        return list(encoded)

@@ -1,0 +1,51 @@
+"""The actors' side of the weight channel: poll the learner's registry, stage new versions.
+
+The registry is a named Ray actor (slea.channels.weight_registry_name) holding the latest
+(version, ObjectRef of a state dict). The engine swaps staged weights in between generations.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from actors.engines.base import GenerationEngine
+from monitoring.metrics import metric
+from slea.channels import RAY_NAMESPACE, weight_registry_name
+
+
+class WeightSubscriber:
+    def __init__(self, run_id: str, worker_label: str = "0", poll_interval_s: float = 0.5):
+        self.run_id = run_id
+        self.worker_label = worker_label
+        self.poll_interval_s = poll_interval_s
+        self.learner_version = 0  # latest version the learner has published (0: the initial weights)
+        self._registry = None
+        self._staged_version = 0  # newest version handed to the engine (it applies it before its next generation)
+
+    def _find_registry(self):
+        if self._registry is None:
+            try:
+                self._registry = ray.get_actor(weight_registry_name(self.run_id), namespace=RAY_NAMESPACE)
+            except ValueError:  # the learner has not published yet
+                return None
+        return self._registry
+
+    async def poll(self, engine: GenerationEngine) -> bool:
+        """Stage the newest published weights if they are newer than the engine's; True if staged."""
+        registry = self._find_registry()
+        if registry is None:
+            return False
+        try:
+            self.learner_version = max(self.learner_version, await registry.latest_version.remote())
+            latest = await registry.get_latest.remote(max(engine.policy_version, self._staged_version) + 1)
+        except ray.exceptions.RayActorError:  # registry restarting: find it again next time
+            self._registry = None
+            return False
+        if latest is None:
+            return False
+        version, ref = latest
+        state_dict = await ref
+        engine.update_weights(state_dict, version)
+        self._staged_version = version
+        metric("actor_weight_updates_total").labels(worker=self.worker_label).inc()
+        return True

@@ -1,0 +1,245 @@
+"""An actor worker: many environments played concurrently by one engine, streamed to Redis.
+
+The worker launches task groups (the same task G times, optionally A/B and budget-mixed),
+plays their episodes as asyncio tasks sharing one batched engine and one batched retrieval
+client, and XADDs every step as it happens. It does not start new groups while its weights are
+more than `max_staleness` versions behind the learner, or while the learner's stream lag is
+over `redis.max_lag`; it never waits for an update to finish.
+
+Every episode in flight is listed in a Redis hash, so a worker that is restarted (or removed
+from the pool) leaves no half episode that could pass for a complete one: its successor writes
+an `abandoned` marker for each, which the learner and library drop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import msgpack
+import redis
+
+from actors.engines.base import GenerationEngine
+from actors.envs.base import EnvTask, TextEnv
+from actors.envs.registry import make_env
+from actors.envs.tasks import TaskSampler, panel_tasks
+from actors.episode import EpisodeResult, EpisodeSpec, StepTimers, play_episode
+from actors.prompts import PromptBuilder
+from actors.retrieval_client import RetrievalClient
+from monitoring.metrics import metric
+from slea.channels import inflight_key
+from slea.config import SleaConfig
+from slea.records import StepRecord
+from slea.stream_admin import group_stats
+from slea.streams import StreamProducer
+
+FLUSH_INTERVAL_S = 0.05
+GATE_CHECK_S = 1.0
+
+
+@dataclass
+class WorkerStats:
+    """Counters a worker reports to the pool and to `slea bench actors`."""
+
+    groups_started: int = 0
+    episodes_finished: int = 0
+    successes: int = 0
+    abandoned_marked: int = 0  # markers written for a previous incarnation's or a stopped run's episodes
+    throttled_s: float = 0.0
+    timers: StepTimers = field(default_factory=StepTimers)
+
+
+def abandon_marker(fields: dict, run_id: str) -> StepRecord:
+    """The record that tells consumers an episode will never complete."""
+    return StepRecord(run_id=run_id, task_id=fields["task_id"], task_type=fields["task_type"], env_name=fields["env_name"],
+                      group_id=fields["group_id"], episode_id=fields["episode_id"], step=-1, anchor_obs="", done=True,
+                      abandoned=True)
+
+
+class ActorWorker:
+    def __init__(self, config: SleaConfig, worker_index: int, client: redis.Redis, engine: GenerationEngine,
+                 retrieval: RetrievalClient | None = None, weights=None):
+        self.config = config
+        self.worker_index = worker_index
+        self.client = client
+        self.engine = engine
+        self.retrieval = retrieval
+        self.weights = weights  # a WeightSubscriber, or None (weights never change)
+        self.producer = StreamProducer(client, config.stream_key(), batch_size=config.redis.batch_size,
+                                       reconnect_max_s=config.redis.reconnect_max_s)
+        self.builder = PromptBuilder(engine.tokenizer, history_length=config.actors.history_length,
+                                     max_prompt_tokens=config.model.max_prompt_tokens,
+                                     max_experience_tokens=config.library.max_tokens)
+        self.stats = WorkerStats()
+        self._rng = random.Random(config.run.seed * 1_000_003 + worker_index)
+        self._envs: list[TextEnv] = []
+        self._outbox: list[StepRecord] = []
+        self._inflight_key = inflight_key(config.run.id, worker_index)
+        self._stopping = asyncio.Event()
+        self._label = str(worker_index)
+        template_env = self._new_env()
+        panel = panel_tasks(template_env, config.envs.eval_panel, size=config.envs.panel_size)
+        self._tasks = TaskSampler(template_env, seed=self._rng.getrandbits(31), held_out=panel)
+        self._envs.append(template_env)
+
+    # -- environments and tasks -------------------------------------------------------------------
+
+    def _new_env(self) -> TextEnv:
+        envs = self.config.envs
+        return make_env(envs.name, envs.params, envs.max_steps, envs.plugins)
+
+    def _borrow_env(self) -> TextEnv:
+        return self._envs.pop() if self._envs else self._new_env()
+
+    def _group_specs(self, task: EnvTask) -> list[EpisodeSpec]:
+        actors, envs = self.config.actors, self.config.envs
+        group_id = f"g-{uuid.uuid4().hex[:16]}"
+        retrieving = actors.retrieval_mode != "none" and self.config.library.enabled and self.retrieval is not None
+        size = actors.group_size
+        specs = []
+        for index in range(size):
+            with_experience = retrieving and not (actors.ab_groups and index >= size // 2)
+            budget = self._rng.choice(envs.budgets) if envs.budgets else self._envs_max_steps()
+            specs.append(EpisodeSpec(self.config.run.id, task, group_id, f"{group_id}-{index}", budget, with_experience,
+                                     actors.retrieval_mode))
+        return specs
+
+    def _envs_max_steps(self) -> int:
+        return self.config.envs.max_steps or (self._envs[0].max_steps if self._envs else 50)
+
+    # -- abandoned-episode bookkeeping ------------------------------------------------------------
+
+    def mark_abandoned(self) -> int:
+        """Write abandon markers for every episode listed in flight, then clear the list."""
+        listed = self.client.hgetall(self._inflight_key)
+        markers = [abandon_marker(msgpack.unpackb(raw), self.config.run.id) for raw in listed.values()]
+        if markers:
+            self.producer.send(markers)
+            self.client.hdel(self._inflight_key, *listed.keys())
+        self.stats.abandoned_marked += len(markers)
+        for marker in markers:
+            metric("actor_episodes_total").labels(env=marker.env_name, task_type=marker.task_type, outcome="abandoned").inc()
+        return len(markers)
+
+    def _list_inflight(self, spec: EpisodeSpec) -> None:
+        fields = {"task_id": spec.task.task_id, "task_type": spec.task.task_type, "env_name": spec.task.env_name,
+                  "group_id": spec.group_id, "episode_id": spec.episode_id}
+        self.client.hset(self._inflight_key, spec.episode_id, msgpack.packb(fields))
+
+    # -- the run loop -----------------------------------------------------------------------------
+
+    async def run(self, max_groups: int | None = None) -> WorkerStats:
+        """Play groups until stop() (or `max_groups` groups finished); returns the stats."""
+        self.mark_abandoned()
+        flusher = asyncio.create_task(self._flush_loop())
+        syncer = asyncio.create_task(self._weights_loop()) if self.weights is not None else None
+        capacity = max(self.config.actors.envs_per_worker, self.config.actors.group_size)
+        running: set[asyncio.Task] = set()
+        slots = asyncio.Semaphore(self.config.actors.envs_per_worker)
+        try:
+            while not self._stopping.is_set() and (max_groups is None or self.stats.groups_started < max_groups):
+                if len(running) * self.config.actors.group_size + self.config.actors.group_size > capacity:
+                    await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                    running = {task for task in running if not task.done()}
+                    continue
+                if not await self._gate_open():
+                    continue
+                specs = self._group_specs(next(self._tasks))
+                self.stats.groups_started += 1
+                running.add(asyncio.create_task(self._play_group(specs, slots)))
+            if running:
+                await asyncio.gather(*running)
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            flusher.cancel()
+            if syncer is not None:
+                syncer.cancel()
+            self._flush()
+            self.mark_abandoned()  # episodes cut short by a stop
+        return self.stats
+
+    def stop(self) -> None:
+        """Start no new groups; the run loop returns when the groups in flight finish."""
+        self._stopping.set()
+
+    async def _play_group(self, specs: list[EpisodeSpec], slots: asyncio.Semaphore) -> None:
+        for spec in specs:
+            self._list_inflight(spec)
+        await asyncio.gather(*(self._play_one(spec, slots) for spec in specs))
+
+    async def _play_one(self, spec: EpisodeSpec, slots: asyncio.Semaphore) -> EpisodeResult:
+        async with slots:
+            env = self._borrow_env()
+            try:
+                result = await play_episode(spec, env, self.engine, self.builder, self.retrieval, self._outbox.append,
+                                            self.stats.timers)
+            finally:
+                self._envs.append(env)
+        self._flush()  # the episode's last step is in the stream before it leaves the in-flight list
+        self.client.hdel(self._inflight_key, spec.episode_id)
+        self._count(result)
+        return result
+
+    def _count(self, result: EpisodeResult) -> None:
+        task = result.spec.task
+        self.stats.episodes_finished += 1
+        self.stats.successes += result.success
+        outcome = "success" if result.success else "failure"
+        metric("actor_episodes_total").labels(env=task.env_name, task_type=task.task_type, outcome=outcome).inc()
+        metric("actor_episode_steps").labels(env=task.env_name).observe(result.steps)
+        metric("actor_env_steps_total").labels(env=task.env_name, task_type=task.task_type).inc(result.steps)
+        if result.invalid_steps:
+            metric("actor_invalid_actions_total").labels(env=task.env_name).inc(result.invalid_steps)
+
+    # -- stream output ----------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        if self._outbox:
+            batch, self._outbox[:] = list(self._outbox), []
+            started = time.perf_counter()
+            self.producer.send(batch)
+            self.stats.timers.overhead_s += time.perf_counter() - started
+            metric("actor_generated_tokens_total").labels(worker=self._label).inc(sum(len(r.response_ids) for r in batch))
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+            self._flush()
+
+    # -- weights, staleness and backpressure ------------------------------------------------------
+
+    async def _weights_loop(self) -> None:
+        while True:
+            await self.weights.poll(self.engine)
+            metric("actor_policy_version").labels(worker=self._label).set(self.engine.policy_version)
+            await asyncio.sleep(self.weights.poll_interval_s)
+
+    async def _gate_open(self) -> bool:
+        """False (after waiting a moment) while stale or while the learner lags too far behind."""
+        reason = None
+        if self.weights is not None:
+            lag = self.weights.learner_version - self.engine.policy_version
+            metric("actor_version_lag").labels(worker=self._label).set(lag)
+            if lag > self.config.actors.max_staleness:
+                reason = "stale_weights"
+        if reason is None:
+            stats = await asyncio.to_thread(group_stats, self.client, self.config.stream_key())
+            learner = stats.get("learner")
+            if learner is not None and learner.lag > self.config.redis.max_lag:
+                reason = "stream_lag"
+        if reason is None:
+            return True
+        await asyncio.sleep(GATE_CHECK_S)
+        self.stats.throttled_s += GATE_CHECK_S
+        metric("actor_throttled_seconds_total").labels(worker=self._label, reason=reason).inc(GATE_CHECK_S)
+        return False
+
+    def summary(self) -> dict:
+        timers = self.stats.timers
+        return {"worker": self.worker_index, "policy_version": self.engine.policy_version,
+                **{k: v for k, v in vars(self.stats).items() if k != "timers"}, "timers": vars(timers)}

@@ -1,0 +1,206 @@
+"""The learner loop: consume -> assemble groups -> advantages -> PPO step -> publish -> checkpoint -> ack.
+
+Acknowledgement discipline: an entry is acknowledged when it was dropped on purpose (abandoned,
+timed out, stale, late duplicate) or when the checkpoint holding the update that used it is on
+disk. A learner that dies in between re-reads those entries from its pending list on restart,
+resumes from the checkpoint and trains on them once; the version line continues after the
+latest published version (see learner/weights.py), so actors never see a version twice.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from learner.advantages import advantage_parts
+from learner.batch import TrainSample
+from learner.checkpoint import LearnerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from learner.engine import PolicyTrainer
+from learner.groups import GroupAssembler, ReadyGroup
+from learner.weights import RayWeightPublisher
+from slea.config import SleaConfig
+from slea.models import load_model
+from slea.redis_conn import connect
+from slea.streams import StreamConsumer
+
+GROUP = "learner"
+
+
+@dataclass
+class StepResult:
+    """What one learner step trained on and measured."""
+
+    metrics: dict  # flat numbers plus two histograms (see Learner.step)
+    group_ids: list[str]  # the task groups trained on
+
+
+class Learner:
+    """Owns the policy: trains it from the step stream and publishes each new version."""
+
+    def __init__(self, cfg: SleaConfig, *, redis_client=None, model=None, tokenizer=None):
+        if cfg.learner.anchor != "exact":
+            raise ValueError(
+                "learner.anchor='cluster' needs the library's observation cluster key on each StepRecord, "
+                "which the stream does not carry yet; use learner.anchor='exact'"
+            )
+        self.cfg = cfg
+        if model is None:
+            model, tokenizer = load_model(cfg.model.name, cfg.model.dtype)
+        self.tokenizer = tokenizer
+        self.trainer = PolicyTrainer(model, cfg.learner, pad_id=tokenizer.pad_token_id)
+        if self.trainer.world_size > 1:
+            raise RuntimeError(
+                "the learner loop consumes the stream in one process; several ranks need rank 0 to read and "
+                "broadcast each batch to the others, which is not built yet (PolicyTrainer itself shards by rank)"
+            )
+        self.checkpoint_root = Path(cfg.run.dir) / cfg.run.id / "learner" / "checkpoints"
+        self.publisher = RayWeightPublisher(cfg.run.id)
+        client = redis_client if redis_client is not None else connect(cfg.redis)
+        # Entries stay pending while their group fills and until the next checkpoint; claiming
+        # them back from ourselves sooner would only count them towards the dead-letter limit.
+        holding_ms = int(1000 * cfg.learner.group_timeout_s * 2)
+        self.consumer = StreamConsumer(
+            client,
+            cfg.stream_key(),
+            group=GROUP,
+            consumer="learner-0",
+            dead_letter_key=cfg.dead_letter_key(),
+            max_deliveries=cfg.redis.max_deliveries,
+            claim_idle_ms=max(cfg.redis.claim_idle_ms, holding_ms),
+            reconnect_max_s=cfg.redis.reconnect_max_s,
+        )
+        self.assembler = GroupAssembler(cfg.actors.group_size, cfg.learner.group_timeout_s, cfg.learner.max_staleness)
+        self.unacked: list[str] = []  # entries used by updates not yet checkpointed
+        self.stop_requested = threading.Event()
+
+        state = LearnerState(version=0, learner_step=0)
+        previous = latest_checkpoint(self.checkpoint_root)
+        if previous is not None:
+            state = load_checkpoint(self.trainer, previous)
+            self.consumer.ack(state.applied_entry_ids)  # their effect is in the checkpoint
+        self.learner_step = state.learner_step
+        self.version = state.version
+        published = self.publisher.latest_version()
+        if published >= self.version:
+            # Versions after the checkpoint were published before a crash: continue after them.
+            self.version = published + 1
+        self.publisher.publish(self.version, self.trainer.full_state_dict())
+
+    def poll(self, block_ms: int | None = None) -> None:
+        """Read one batch of deliveries into the assembler; acknowledge what is dropped."""
+        block = self.cfg.redis.block_ms if block_ms is None else block_ms
+        deliveries = self.consumer.read(count=self.cfg.redis.read_count, block_ms=block)
+        self.consumer.ack(self.assembler.add(deliveries) + self.assembler.expire())
+
+    def step(self) -> StepResult | None:
+        """One optimizer step if `tasks_per_step` groups are ready, else None."""
+        self.consumer.ack(self.assembler.drop_stale(self.version))
+        if self.assembler.ready_groups < self.cfg.learner.tasks_per_step:
+            return None
+        groups = self.assembler.pop_ready(self.cfg.learner.tasks_per_step)
+        samples, metrics = self._samples(groups)
+        stats = self.trainer.train_step(samples)
+        self.learner_step += 1
+        self.version += 1
+        self.unacked += [entry for group in groups for entry in group.entry_ids]
+        self.publisher.publish(self.version, self.trainer.full_state_dict())
+        if self.learner_step % self.cfg.learner.checkpoint_every == 0:
+            self.checkpoint()
+        counters = self.assembler.counters
+        metrics.update(
+            policy_version=self.version,
+            learner_step=self.learner_step,
+            loss=stats.loss,
+            pg_loss=stats.pg_loss,
+            kl=stats.kl,
+            entropy=stats.entropy,
+            clip_fraction=stats.clip_fraction,
+            behav_masked_fraction=stats.behav_masked_fraction,
+            behav_weight=stats.behav_weight,
+            grad_norm=stats.grad_norm,
+            lr=stats.lr,
+            tokens=stats.tokens,
+            response_tokens=stats.response_tokens,
+            tokens_per_s=stats.tokens / stats.seconds,
+            step_seconds=stats.seconds,
+            groups_trained=len(groups),
+            groups_dropped_incomplete=counters.groups_dropped["timeout"],
+            groups_dropped_abandoned=counters.groups_dropped["abandoned"],
+            groups_dropped_stale=counters.groups_dropped["stale"],
+            duplicate_steps=counters.duplicates,
+            open_groups=self.assembler.open_groups,
+        )
+        return StepResult(metrics=metrics, group_ids=[group.group_id for group in groups])
+
+    def _samples(self, groups: list[ReadyGroup]) -> tuple[list[TrainSample], dict]:
+        records = [record for group in groups for record in group.records]
+        cfg = self.cfg.learner
+        parts = advantage_parts(
+            [record.group_id for record in records],
+            [record.episode_id for record in records],
+            [record.step for record in records],
+            [record.anchor_obs for record in records],
+            [record.reward for record in records],
+            [not record.action_valid for record in records],
+            gamma=cfg.gamma, mode=cfg.advantage_mode, episode_stats=cfg.episode_stats,
+            invalid_penalty=cfg.invalid_penalty,
+        )
+        advantages = parts.episode + cfg.omega * parts.step
+        samples = [
+            TrainSample(record.prompt_ids, record.response_ids, record.response_logprobs, float(advantage), record.policy_version)
+            for record, advantage in zip(records, advantages)
+            if len(record.response_ids)  # a step without generated tokens has nothing to train
+        ]
+        staleness = Counter(self.version - record.policy_version for record in records)
+        # Each anchor group of size s contributes s rows; count groups, not rows.
+        sizes = Counter(int(size) for size in parts.anchor_group_size)
+        metrics = {
+            "advantage_mean": float(advantages.mean()),
+            "advantage_std": float(advantages.std()),
+            "episode_advantage_abs_mean": float(np.abs(parts.episode).mean()),
+            "step_advantage_abs_mean": float(cfg.omega * np.abs(parts.step).mean()),
+            "steps_trained": len(samples),
+            "anchor_group_sizes": {size: count // size for size, count in sorted(sizes.items())},
+            "staleness_histogram": dict(sorted(staleness.items())),
+        }
+        return samples, metrics
+
+    def checkpoint(self) -> None:
+        """Save, then acknowledge every entry whose update the checkpoint holds."""
+        state = LearnerState(version=self.version, learner_step=self.learner_step, applied_entry_ids=self.unacked)
+        save_checkpoint(self.trainer, self.tokenizer, self.checkpoint_root, state)
+        self.consumer.ack(self.unacked)
+        self.unacked = []
+
+    def run(self, on_metrics: Callable[[dict], None] | None = None) -> None:
+        """Train until `learner.max_steps` or SIGTERM/SIGINT, then checkpoint (graceful shutdown)."""
+        log_path = self.checkpoint_root.parent / "metrics.jsonl"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(signum, lambda *_: self.stop_requested.set())
+        try:
+            with log_path.open("a") as log:
+                while self.learner_step < self.cfg.learner.max_steps and not self.stop_requested.is_set():
+                    self.poll()
+                    result = self.step()
+                    if result is not None:
+                        log.write(json.dumps(result.metrics) + "\n")
+                        log.flush()
+                        if on_metrics is not None:
+                            on_metrics(result.metrics)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Checkpoint what is not yet checkpointed and wait for the last publish."""
+        if self.unacked:
+            self.checkpoint()
+        self.publisher.flush()

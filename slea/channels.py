@@ -1,0 +1,19 @@
+"""Names by which components find each other: the Ray namespace, the weight registry actor, the
+library's Serve app and the Redis keys beside the step stream. Actors, learner and library
+never import each other, so the names they meet by live here."""
+
+from __future__ import annotations
+
+RAY_NAMESPACE = "slea"
+LIBRARY_APP = "slea-library"
+
+
+def weight_registry_name(run_id: str) -> str:
+    """Ray actor name of a run's weight registry (the learner publishes, actors poll)."""
+    return f"slea-weights-{run_id}"
+
+
+def inflight_key(run_id: str, worker_index: int) -> str:
+    """Redis hash of the episodes an actor worker has in flight (episode id -> abandon marker
+    fields), so that a restarted or removed worker's half episodes can be marked abandoned."""
+    return f"slea:{run_id}:inflight:{worker_index}"

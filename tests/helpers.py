@@ -1,0 +1,15 @@
+"""Helpers shared by several test modules (importable as `helpers`: pytest puts tests/ on the path)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def forward_logprobs(model, prompt_ids, response_ids, temperature: float = 1.0) -> np.ndarray:
+    """Log-probs of `response_ids` recomputed by one teacher-forced forward pass of `model`."""
+    ids = torch.tensor([list(prompt_ids) + list(response_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
+    targets = torch.tensor(list(response_ids), dtype=torch.long)[:, None]
+    return torch.log_softmax(logits, -1).gather(-1, targets).squeeze(-1).numpy()

@@ -1,0 +1,56 @@
+"""The DeepSpeed trainer on CPU (gloo, one process, no torchrun) with the tiny model."""
+
+import numpy as np
+import pytest
+import torch
+
+from learner.batch import TrainSample
+from learner.engine import PolicyTrainer, deepspeed_config
+from slea.config import LearnerConfig
+from slea.models import tiny_model
+
+
+def samples(seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        TrainSample(rng.integers(0, 1000, p).astype(np.int32), rng.integers(0, 1000, r).astype(np.int32),
+                    np.full(r, -10.8, np.float32), float(a), 0)
+        for (p, r), a in zip([(5, 3), (9, 4), (3, 6), (20, 5)], [1.0, -1.0, 0.5, -0.5])
+    ]
+
+
+def test_deepspeed_config_is_a_plain_dict_from_the_learner_config():
+    config = deepspeed_config(LearnerConfig(zero_stage=2, grad_clip=0.5), world_size=1, bf16=False)
+    assert config["zero_optimization"]["stage"] == 2 and config["gradient_clipping"] == 0.5
+    assert config["bf16"] == {"enabled": False} and config["train_batch_size"] == 1
+
+
+def test_micro_batching_gives_the_same_update_as_one_batch():
+    updated = []
+    for budget in (4096, 32):  # one micro-batch vs three (lengths 8+9 | 13 | 25), accumulated
+        model, tokenizer = tiny_model()
+        trainer = PolicyTrainer(model, LearnerConfig(lr=1e-3, micro_batch_tokens=budget, warmup_steps=2), tokenizer.pad_token_id)
+        stats = trainer.train_step(samples())
+        assert stats.micro_batches == (1 if budget == 4096 else 3)
+        assert stats.lr == pytest.approx(5e-4)  # first warm-up step: lr / 2
+        assert stats.grad_norm > 0 and stats.response_tokens == 18 and stats.tokens == 55
+        updated.append((stats, trainer.full_state_dict()))
+    (whole, whole_state), (parts, parts_state) = updated
+    assert parts.pg_loss == pytest.approx(whole.pg_loss, abs=1e-6) and parts.kl == pytest.approx(whole.kl, abs=1e-6)
+    assert parts.grad_norm == pytest.approx(whole.grad_norm, rel=1e-4)
+    # Adam's first step is ~lr * sign(grad): a gradient within float noise of 0 may move by up to
+    # lr (5e-4) either way, so allow a tenth of a step, not bit equality.
+    for name, tensor in whole_state.items():
+        torch.testing.assert_close(parts_state[name], tensor, atol=5e-5, rtol=1e-5)
+
+
+def test_zero3_trains_and_gathers_full_weights():
+    model, tokenizer = tiny_model()
+    shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
+    trainer = PolicyTrainer(model, LearnerConfig(lr=1e-3, zero_stage=3, kl_coef=0.0), tokenizer.pad_token_id)
+    before = trainer.full_state_dict()
+    stats = trainer.train_step(samples())
+    after = trainer.full_state_dict()
+    assert {name: tensor.shape for name, tensor in after.items()} == shapes  # tied lm_head included
+    assert stats.grad_norm > 0 and stats.kl == 0.0
+    assert any(not torch.equal(before[name], after[name]) for name in before)

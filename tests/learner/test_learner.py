@@ -1,0 +1,110 @@
+"""The learner end to end: real Redis stream, real DeepSpeed (CPU, ZeRO 0), real Ray, tiny model."""
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from learner.batch import TrainSample
+from learner.checkpoint import latest_checkpoint
+from learner.learner import Learner
+from slea.config import SleaConfig
+from slea.models import tiny_model
+from slea.streams import StreamProducer
+from tests.learner.conftest import make_group
+
+
+def config(tmp_path, run_id, **learner):
+    cfg = SleaConfig()
+    cfg.run.id, cfg.run.dir = run_id, str(tmp_path)
+    cfg.actors.group_size = 2
+    cfg.redis.block_ms = 50
+    settings = dict(tasks_per_step=1, lr=1e-2, micro_batch_tokens=64, checkpoint_every=100, group_timeout_s=60)
+    settings.update(learner)
+    for name, value in settings.items():
+        setattr(cfg.learner, name, value)
+    return cfg
+
+
+def run_until_step(learner, polls=40):
+    for _ in range(polls):
+        learner.poll(block_ms=50)
+        result = learner.step()
+        if result is not None:
+            return result
+    raise AssertionError("no learner step happened")
+
+
+def sum_logprobs(learner, records):
+    samples = [TrainSample(r.prompt_ids, r.response_ids, r.response_logprobs, 0.0, 0) for r in records]
+    return [float(values.sum()) for values in learner.trainer.logprobs(samples)]
+
+
+def test_training_step_from_redis_raises_logprob_of_positive_advantage_actions(tmp_path, redis_client, local_ray):
+    cfg = config(tmp_path, "raise")
+    model, tokenizer = tiny_model()
+    learner = Learner(cfg, redis_client=redis_client, model=model, tokenizer=tokenizer)
+    records = make_group(learner.trainer.module, tokenizer, "g0", rewards=[1.0, 0.0])
+    before = sum_logprobs(learner, records)
+    StreamProducer(redis_client, cfg.stream_key()).send(records)
+
+    result = run_until_step(learner)
+    after = sum_logprobs(learner, records)
+
+    assert result.group_ids == ["g0"] and result.metrics["policy_version"] == 1
+    for record, old, new in zip(records, before, after):
+        assert (new > old) == (record.episode_id == "g0-e0"), (record.episode_id, old, new)
+    metrics = result.metrics
+    assert metrics["steps_trained"] == 4 and metrics["staleness_histogram"] == {0: 4}
+    assert metrics["anchor_group_sizes"] == {1: 2, 2: 1}  # the shared first observation
+    assert metrics["kl"] == 0.0 and metrics["grad_norm"] > 0 and metrics["tokens_per_s"] > 0
+    learner.close()
+
+
+def test_restart_after_consuming_before_checkpoint(tmp_path, redis_client, local_ray):
+    cfg = config(tmp_path, "restart", checkpoint_every=2)
+    producer = StreamProducer(redis_client, cfg.stream_key())
+    model, tokenizer = tiny_model()
+    first = Learner(cfg, redis_client=redis_client, model=model, tokenizer=tokenizer)
+    versions = []
+    for name in ("A", "B", "C"):  # B's step is checkpointed (every 2); C's is not
+        producer.send(make_group(model, tokenizer, name, rewards=[1.0, 0.0]))
+        result = run_until_step(first)
+        versions.append(result.metrics["policy_version"])
+    assert versions == [1, 2, 3]
+    assert redis_client.xpending(cfg.stream_key(), "learner")["pending"] == 4  # C's entries
+    del first  # killed: no shutdown checkpoint, no ack
+
+    model, tokenizer = tiny_model()
+    second = Learner(cfg, redis_client=redis_client, model=model, tokenizer=tokenizer)
+    assert second.learner_step == 2  # resumed from the checkpoint of B's step
+    assert second.version == 4  # 3 was published before the crash; the line continues after it
+    result = run_until_step(second)
+    assert result.group_ids == ["C"] and result.metrics["policy_version"] == 5
+    for _ in range(5):  # nothing else comes back: A and B were acknowledged with their checkpoint
+        second.poll(block_ms=20)
+        assert second.step() is None
+    second.close()
+    assert redis_client.xpending(cfg.stream_key(), "learner")["pending"] == 0
+
+    saved = latest_checkpoint(tmp_path / "restart" / "learner" / "checkpoints")
+    assert saved.name == "v00000005"
+    reloaded = AutoModelForCausalLM.from_pretrained(saved / "hf")
+    for name, tensor in reloaded.state_dict().items():
+        torch.testing.assert_close(tensor, second.trainer.module.state_dict()[name])
+
+
+def test_run_stops_at_max_steps_with_a_shutdown_checkpoint_and_metrics(tmp_path, redis_client, local_ray):
+    cfg = config(tmp_path, "run", max_steps=1)
+    model, tokenizer = tiny_model()
+    StreamProducer(redis_client, cfg.stream_key()).send(make_group(model, tokenizer, "g", rewards=[0.0, 1.0]))
+    learner = Learner(cfg, redis_client=redis_client, model=model, tokenizer=tokenizer)
+    seen = []
+    learner.run(on_metrics=seen.append)
+    assert [metrics["policy_version"] for metrics in seen] == [1]
+    expected = {"loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm", "advantage_mean", "advantage_std",
+                "episode_advantage_abs_mean", "step_advantage_abs_mean", "anchor_group_sizes", "tokens_per_s",
+                "groups_dropped_incomplete", "groups_dropped_abandoned", "groups_dropped_stale", "staleness_histogram"}
+    assert expected <= set(seen[0])
+    run_dir = tmp_path / "run" / "learner"
+    assert latest_checkpoint(run_dir / "checkpoints").name == "v00000001"  # the shutdown checkpoint
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
+    assert redis_client.xpending(cfg.stream_key(), "learner")["pending"] == 0

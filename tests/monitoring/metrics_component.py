@@ -1,0 +1,56 @@
+"""A live slea component for the Prometheus scrape test: it sends step payloads through the real
+transport (slea.streams.StreamProducer) and then exposes its metrics until it is killed.
+
+  python metrics_component.py client REDIS_URL STREAM PORT   prometheus-client endpoint (serve_metrics)
+  python metrics_component.py ray REDIS_URL STREAM PORT      a Ray actor does the sending; the metrics
+                                                             leave through Ray's metrics export port PORT
+Prints "ready" once the metrics are recorded.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import redis
+
+PAYLOADS = [b"step-1", b"step-2", b"step-3"]
+
+
+def send(redis_url: str, stream: str) -> None:
+    from slea.streams import StreamProducer
+
+    client = redis.Redis.from_url(redis_url)
+    StreamProducer(client, stream).send_payloads(PAYLOADS)
+    client.close()
+
+
+class Sender:
+    """The Ray actor of `ray` mode."""
+
+    def send(self, redis_url: str, stream: str) -> None:
+        send(redis_url, stream)
+
+
+def main(mode: str, redis_url: str, stream: str, port: int) -> None:
+    if mode == "client":
+        from monitoring.metrics import serve_metrics
+
+        send(redis_url, stream)
+        serve_metrics(port, address="127.0.0.1")
+    else:
+        import ray
+
+        ray.init(num_cpus=1, include_dashboard=False, _metrics_export_port=port,
+                 _system_config={"metrics_report_interval_ms": 500})
+        # inside the actor, metric() switches to the Ray backend by itself; the actor stays alive
+        # so its series stay current
+        sender = ray.remote(Sender).remote()
+        ray.get(sender.send.remote(redis_url, stream))
+    print("ready", flush=True)
+    while True:
+        time.sleep(60)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))

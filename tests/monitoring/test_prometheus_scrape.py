@@ -1,0 +1,142 @@
+"""A real Prometheus, run with the shipped scrape config and alert rules, scrapes live slea
+components and answers queries for their slea_ series with the expected labels: one process on
+its prometheus-client endpoint, and one Ray actor whose metrics leave through Ray's metrics
+export port (renamed from ray_slea_* by the shipped relabelling)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+COMPONENT = Path(__file__).with_name("metrics_component.py")
+SHIPPED = REPO / "monitoring/prometheus/prometheus.yml"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def wait_for(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            result = condition()
+        except OSError:
+            result = None
+        if result:
+            return result
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def start_component(mode: str, redis_url: str, stream: str, port: int, tmp_path: Path) -> subprocess.Popen:
+    log = (tmp_path / f"{mode}.log").open("w")
+    process = subprocess.Popen([sys.executable, str(COMPONENT), mode, redis_url, stream, str(port)],
+                               stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO)
+    line = process.stdout.readline()
+    if line.strip() != "ready":
+        process.kill()
+        raise AssertionError(f"{mode} component did not start: {(tmp_path / f'{mode}.log').read_text()[-2000:]}")
+    return process
+
+
+@pytest.fixture
+def prometheus(tmp_path):
+    """Start Prometheus on loopback with the shipped config; yields (api_url, set_targets)."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("prometheus not installed: apt-get install prometheus (scripts/setup.sh --dev does)")
+    processes = []
+
+    def start(targets: list[str]) -> str:
+        config = yaml.safe_load(SHIPPED.read_text())
+        config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+        config["rule_files"] = [str(SHIPPED.parent / name) for name in config["rule_files"]]
+        # no Kubernetes here: keep the local job and point it at the live components
+        (local,) = [job for job in config["scrape_configs"] if "static_configs" in job]
+        local["static_configs"][0]["targets"] = targets
+        config["scrape_configs"] = [local]
+        config_path = tmp_path / "prometheus.yml"
+        config_path.write_text(yaml.safe_dump(config))
+        port = free_port()
+        log = (tmp_path / "prometheus.log").open("w")
+        processes.append(subprocess.Popen(
+            [binary, f"--config.file={config_path}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT))
+        api = f"http://127.0.0.1:{port}/api/v1"
+        wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2).status == 200,
+                 30, "prometheus to be ready")
+        return api
+
+    yield start
+    for process in processes:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def query(api: str, promql: str) -> list[dict]:
+    answer = get_json(f"{api}/query?{urllib.parse.urlencode({'query': promql})}")
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def shipped_run_label() -> str:
+    config = yaml.safe_load(SHIPPED.read_text())
+    (local,) = [job for job in config["scrape_configs"] if "static_configs" in job]
+    return local["static_configs"][0]["labels"]["run"]
+
+
+def test_prometheus_scrapes_a_prometheus_client_component(prometheus, redis_url, tmp_path):
+    port = free_port()
+    component = start_component("client", redis_url, "slea:promtest:steps", port, tmp_path)
+    try:
+        api = prometheus([f"127.0.0.1:{port}"])
+        series = wait_for(lambda: query(api, 'slea_stream_records_produced_total{stream="slea:promtest:steps"}'),
+                          30, "slea_stream_records_produced_total")
+        (sample,) = series
+        assert float(sample["value"][1]) == 3
+        assert sample["metric"]["run"] == shipped_run_label() and sample["metric"]["job"] == "slea-local"
+        (size,) = query(api, 'slea_stream_bytes_produced_total{stream="slea:promtest:steps"}')
+        assert float(size["value"][1]) > 0
+        rules = get_json(f"{api}/rules")["data"]["groups"]
+        assert {"slea-stream", "slea-training", "slea-library", "slea-components"} <= {group["name"] for group in rules}
+    finally:
+        component.kill()
+        component.wait()
+
+
+@pytest.mark.slow
+def test_prometheus_scrapes_ray_metrics_under_slea_names(prometheus, redis_url, tmp_path):
+    port = free_port()
+    component = start_component("ray", redis_url, "slea:promtest-ray:steps", port, tmp_path)
+    try:
+        api = prometheus([f"127.0.0.1:{port}"])
+        series = wait_for(lambda: query(api, 'slea_stream_records_produced_total{stream="slea:promtest-ray:steps"}'),
+                          60, "slea_stream_records_produced_total from the Ray actor")
+        (sample,) = series
+        assert float(sample["value"][1]) == 3
+        labels = sample["metric"]
+        assert labels["run"] == shipped_run_label() and "WorkerId" in labels and "NodeAddress" in labels
+        assert not [name for name in labels if name.startswith("otel_scope")]
+        assert not query(api, '{__name__=~"ray_slea_.*"}'), "ray_slea_* must be renamed to slea_*"
+    finally:
+        component.kill()
+        component.wait()
