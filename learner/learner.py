@@ -63,9 +63,6 @@ class Learner:
         self.checkpoint_root = Path(cfg.run.dir) / cfg.run.id / "learner" / "checkpoints"
         self.publisher = RayWeightPublisher(cfg.run.id)
         client = redis_client if redis_client is not None else connect(cfg.redis)
-        # Entries stay pending while their group fills and until the next checkpoint; claiming
-        # them back from ourselves sooner would only count them towards the dead-letter limit.
-        holding_ms = int(1000 * cfg.learner.group_timeout_s * 2)
         self.consumer = StreamConsumer(
             client,
             cfg.stream_key(),
@@ -73,7 +70,7 @@ class Learner:
             consumer="learner-0",
             dead_letter_key=cfg.dead_letter_key(),
             max_deliveries=cfg.redis.max_deliveries,
-            claim_idle_ms=max(cfg.redis.claim_idle_ms, holding_ms),
+            claim_idle_ms=cfg.redis.claim_idle_ms,  # never reclaims the entries it holds itself
             reconnect_max_s=cfg.redis.reconnect_max_s,
         )
         self.assembler = GroupAssembler(cfg.actors.group_size, cfg.learner.group_timeout_s, cfg.learner.max_staleness)

@@ -12,7 +12,7 @@ registry's latest version (no repeats).
 
 The actors' contract, by name, without importing this module:
 
-    registry = ray.get_actor(registry_name(run_id), namespace=NAMESPACE)
+    registry = ray.get_actor(weight_registry_name(run_id), namespace=RAY_NAMESPACE)
     latest = ray.get(registry.get_latest.remote(my_version + 1))  # None: nothing newer
     if latest is not None:
         version, ref = latest
@@ -30,12 +30,8 @@ from __future__ import annotations
 import ray
 import torch
 
-NAMESPACE = "slea"
+from slea.channels import RAY_NAMESPACE, weight_registry_name
 
-
-def registry_name(run_id: str) -> str:
-    """Ray actor name of a run's weight registry."""
-    return f"slea-weights-{run_id}"
 
 
 @ray.remote(num_cpus=0)
@@ -68,7 +64,7 @@ class RayWeightPublisher:
 
     def __init__(self, run_id: str):
         self.registry = WeightRegistry.options(
-            name=registry_name(run_id), namespace=NAMESPACE, lifetime="detached", get_if_exists=True
+            name=weight_registry_name(run_id), namespace=RAY_NAMESPACE, lifetime="detached", get_if_exists=True
         ).remote()
         self._last_publish = None  # the previous publish call, checked (not awaited) on the next one
 

@@ -3,7 +3,7 @@
 Semantics (DESIGN.md, "Stream semantics"): every consumer group sees every entry; a consumer
 reads its own pending entries first after a restart, then new ones; it acknowledges only
 after the caller says the effect is durable; entries idle too long in a dead consumer are
-claimed (XAUTOCLAIM); an entry delivered `max_deliveries` times, or one that does not decode,
+claimed (XPENDING + XCLAIM); an entry delivered `max_deliveries` times, or one that does not decode,
 moves to the dead-letter stream with the reason, so one poison record never stops a group.
 """
 
@@ -154,21 +154,34 @@ class StreamConsumer:
         return self._decode_entries(reply[0][1] if reply else [])
 
     def claim_idle(self, count: int = 256) -> list[Delivery]:
-        """Take over entries idle longer than claim_idle_ms; dead-letter those delivered too often."""
+        """Take over entries idle longer than claim_idle_ms in *other* consumers (dead ones); dead-letter
+        those delivered too often.
+
+        XPENDING + XCLAIM of explicit ids rather than XAUTOCLAIM: XAUTOCLAIM would also take back
+        this consumer's own entries that it deliberately holds unacknowledged (the learner keeps
+        them until its next checkpoint), redelivering them and counting them towards poison.
+        """
         stale = self.client.xpending_range(
             self.stream, self.group, min="-", max="+", count=count, idle=self.claim_idle_ms
         )
+        claimable = []
         for entry in stale:
+            if entry["consumer"].decode() == self.consumer:
+                continue
+            entry_id = entry["message_id"].decode()
             if entry["times_delivered"] >= self.max_deliveries:
-                entry_id = entry["message_id"].decode()
                 found = self.client.xrange(self.stream, min=entry_id, max=entry_id)
                 payload = found[0][1].get(PAYLOAD_FIELD, b"") if found else b""
                 self._dead_letter(entry_id, payload, f"delivered {entry['times_delivered']} times without ack")
-        _next, entries, deleted = self.client.xautoclaim(
-            self.stream, self.group, self.consumer, min_idle_time=self.claim_idle_ms, start_id="0-0", count=count
-        )
-        if deleted:  # trimmed while pending in a dead consumer: nothing left to process
-            self.client.xack(self.stream, self.group, *deleted)
+            else:
+                claimable.append(entry_id)
+        if not claimable:
+            return []
+        entries = self.client.xclaim(self.stream, self.group, self.consumer, self.claim_idle_ms, claimable)
+        claimed_ids = {raw_id.decode() for raw_id, _fields in entries}
+        vanished = [entry_id for entry_id in claimable if entry_id not in claimed_ids]
+        if vanished:  # trimmed while pending in a dead consumer: nothing left to process
+            self.client.xack(self.stream, self.group, *vanished)
         self._claimed.inc(len(entries))
         return self._decode_entries(entries)
 

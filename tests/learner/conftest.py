@@ -6,14 +6,14 @@ import ray
 import torch
 
 from learner.loss import gather_logprobs
-from learner.weights import NAMESPACE
+from slea.channels import RAY_NAMESPACE
 from slea.records import StepRecord
 
 
 @pytest.fixture(scope="session")
 def local_ray():
     """A real local Ray (1 CPU): the weight registry is a Ray actor."""
-    ray.init(num_cpus=1, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    ray.init(num_cpus=1, include_dashboard=False, namespace=RAY_NAMESPACE, log_to_driver=False)
     yield
     ray.shutdown()
 

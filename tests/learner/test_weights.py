@@ -4,7 +4,8 @@ import pytest
 import ray
 import torch
 
-from learner.weights import NAMESPACE, RayWeightPublisher, registry_name
+from learner.weights import RayWeightPublisher
+from slea.channels import RAY_NAMESPACE, weight_registry_name
 
 
 def test_publish_and_fetch_latest(local_ray):
@@ -13,7 +14,7 @@ def test_publish_and_fetch_latest(local_ray):
     publisher.publish(1, {"w": torch.ones(3)})
     publisher.publish(2, {"w": torch.full((3,), 2.0)})
     publisher.flush()
-    registry = ray.get_actor(registry_name("weights-test"), namespace=NAMESPACE)  # as an actor finds it
+    registry = ray.get_actor(weight_registry_name("weights-test"), namespace=RAY_NAMESPACE)  # as an actor finds it
     version, ref = ray.get(registry.get_latest.remote(1))
     assert version == 2
     torch.testing.assert_close(ray.get(ref)["w"], torch.full((3,), 2.0))

@@ -90,26 +90,45 @@ def test_killed_consumer_entries_are_claimed_and_applied_exactly_once(redis_url,
 
 
 def test_poison_entry_is_dead_lettered_and_consumption_continues(redis_client):
-    reader = consumer(redis_client, "learner", "l0", max_deliveries=3, claim_idle_ms=50)
     producer = StreamProducer(redis_client, STREAM)
     poison_id = producer.send(make_records(1, episode="poison"))[0]
     garbage_id = redis_client.xadd(STREAM, {PAYLOAD_FIELD: b"\xc1not msgpack"}).decode()
     healthy = producer.send(make_records(5, episode="healthy"))
     processed = set()
-    for _ in range(40):  # the poison record always fails processing: never acked
-        deliveries = reader.read(count=16, block_ms=20)
-        good = [d.entry_id for d in deliveries if d.record.episode_id.startswith("healthy")]
-        processed.update(good)
-        reader.ack(good)
-        time.sleep(0.06)
-        if redis_client.xlen(DEAD) == 2:
-            break
+    for _crash in range(6):  # the consumer dies on the poison record every time and is restarted
+        reader = consumer(redis_client, "learner", "l0", max_deliveries=3)
+        for _ in range(3):
+            deliveries = reader.read(count=16, block_ms=20)
+            good = [d.entry_id for d in deliveries if d.record.episode_id.startswith("healthy")]
+            processed.update(good)
+            reader.ack(good)
     assert processed == set(healthy)
     dead = {fields[b"source_id"].decode(): fields[b"reason"].decode() for _id, fields in redis_client.xrange(DEAD)}
     assert set(dead) == {poison_id, garbage_id}
     assert dead[garbage_id].startswith("malformed")
-    assert "delivered 3 times" in dead[poison_id]
+    assert "delivered 4 times" in dead[poison_id]  # 3 deliveries allowed; the 4th is refused
     assert group_stats(redis_client, STREAM)["learner"].pending == 0
+
+
+def test_entries_of_a_dead_consumer_go_to_the_dead_letter_stream_after_max_deliveries(redis_client):
+    StreamProducer(redis_client, STREAM).send(make_records(1, episode="poison"))
+    crashing = [consumer(redis_client, "learner", f"c{i}", max_deliveries=2, claim_idle_ms=30) for i in range(3)]
+    assert len(crashing[0].read(block_ms=10)) == 1  # delivery 1, never acked
+    time.sleep(0.05)
+    assert len(crashing[1].read(block_ms=10)) == 1  # claimed: delivery 2, never acked
+    time.sleep(0.05)
+    assert crashing[2].read(block_ms=10) == []  # a third delivery is refused: dead-lettered
+    (_id, fields), = redis_client.xrange(DEAD)
+    assert b"delivered 2 times" in fields[b"reason"]
+
+
+def test_a_consumer_does_not_reclaim_entries_it_holds(redis_client):
+    holder = consumer(redis_client, "learner", "l0", claim_idle_ms=20)
+    StreamProducer(redis_client, STREAM).send(make_records(4))
+    held = holder.read(count=10, block_ms=10)
+    time.sleep(0.05)
+    assert holder.read(count=10, block_ms=10) == []  # still held, not redelivered to itself
+    holder.ack([d.entry_id for d in held])
 
 
 def test_dead_letter_keeps_the_payload(redis_client):
