@@ -242,4 +242,5 @@ class ActorWorker:
     def summary(self) -> dict:
         timers = self.stats.timers
         return {"worker": self.worker_index, "policy_version": self.engine.policy_version,
+                "retrieval_misses": self.retrieval.misses if self.retrieval is not None else 0,
                 **{k: v for k, v in vars(self.stats).items() if k != "timers"}, "timers": vars(timers)}

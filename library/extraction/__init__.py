@@ -1,0 +1,1 @@
+"""Extraction: distil finished episodes into candidate lessons (deterministic rules or an LLM)."""

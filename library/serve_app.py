@@ -1,0 +1,134 @@
+"""The retrieval app on Ray Serve: handle methods for actors, HTTP JSON for everything else.
+
+Each replica holds a copy of the library that follows the writer through Redis
+(library.sync) and is brought up to date before every answer. Bad requests (malformed JSON,
+wrong types, out-of-bounds k or budgets, oversized bodies) get a 4xx with a message; a
+replica never dies of a request.
+"""
+
+# No `from __future__ import annotations` here: FastAPI must see the real `Request` type in route signatures.
+
+import json
+import logging
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from ray import serve
+
+from library.embedding import Embedder
+from library.request_models import BadRequest, RetrieveBatchRequest, RetrieveRequest, parse_request
+from library.retrieval import retrieve_batch
+from library.state import Library
+from library.sync import Follower
+from slea.config import SleaConfig
+from slea.redis_conn import connect
+
+log = logging.getLogger(__name__)
+
+http_app = FastAPI(title="slea experience library")
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+@serve.deployment
+@serve.ingress(http_app)
+class LibraryServer:
+    """One replica: a followed Library plus the embedding model."""
+
+    def __init__(self, config: dict, redis_url: str):
+        self.config = SleaConfig.model_validate(config)
+        self.cfg = self.config.library
+        self.library = Library(self.cfg, Embedder(self.cfg.embedding_model, self.cfg.embedding_cache_size))
+        self.follower = Follower(connect(self.config.redis, redis_url), self.config.run.id, self.library)
+        self.follower.sync()
+        self.started_at = time.time()
+
+    # ---- handle methods (actors) ---------------------------------------------------------------
+
+    def retrieve(self, request: dict) -> dict:
+        """One observation: {"observation", "task_type", "k_strategies"?, "k_warnings"?, "max_tokens"?, "mode"?}."""
+        parsed = parse_request(RetrieveRequest, request, self.cfg)
+        return self._answer([parsed.observation], [parsed.task_type], parsed)[0]
+
+    def retrieve_batch(self, request: dict) -> list[dict]:
+        """Many observations: {"observations": [...], "task_types": [...], ...}; one answer each."""
+        parsed = parse_request(RetrieveBatchRequest, request, self.cfg)
+        return self._answer(parsed.observations, parsed.task_types, parsed)
+
+    def stats(self) -> dict:
+        library = self.library
+        self.follower.sync()
+        with library.lock:
+            return {
+                "library_version": library.version,
+                "learner_version": library.learner_version,
+                "warm": library.is_warm(),
+                "experiences": {f"{zone}/{level}": size for (zone, level), size in library.level_sizes().items()},
+                "clusters": {task_type: len(space) for task_type, space in library.clusters.items()},
+                "counters": dict(library.counters),
+            }
+
+    def healthz(self) -> dict:
+        return {"ok": True, "library_version": self.follower.sync(), "uptime_s": round(time.time() - self.started_at, 1)}
+
+    def _answer(self, observations: list[str], task_types: list[str], parsed) -> list[dict]:
+        self.follower.sync()
+        return retrieve_batch(self.library, observations, task_types, parsed.k_strategies, parsed.k_warnings,
+                              parsed.max_tokens, parsed.mode)
+
+    # ---- HTTP routes -----------------------------------------------------------------------------
+
+    @http_app.post("/retrieve")
+    async def http_retrieve(self, request: Request) -> JSONResponse:
+        return await self._http(request, self.retrieve)
+
+    @http_app.post("/retrieve_batch")
+    async def http_retrieve_batch(self, request: Request) -> JSONResponse:
+        return await self._http(request, lambda body: {"results": self.retrieve_batch(body)})
+
+    @http_app.get("/stats")
+    async def http_stats(self) -> JSONResponse:
+        return await self._guarded(self.stats)
+
+    @http_app.get("/healthz")
+    async def http_healthz(self) -> JSONResponse:
+        return await self._guarded(self.healthz)
+
+    async def _http(self, request: Request, answer) -> JSONResponse:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.cfg.max_request_bytes:
+            return _error(413, f"body of {declared} bytes; at most {self.cfg.max_request_bytes}")
+        body = bytearray()
+        async for chunk in request.stream():  # bounded even when the client sends no length
+            body += chunk
+            if len(body) > self.cfg.max_request_bytes:
+                return _error(413, f"body larger than {self.cfg.max_request_bytes} bytes")
+        try:
+            payload = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return _error(400, f"body is not valid JSON: {exc}")
+        return await self._guarded(lambda: answer(payload))
+
+    async def _guarded(self, call) -> JSONResponse:
+        try:
+            return JSONResponse(call())
+        except BadRequest as exc:
+            return _error(exc.status, str(exc))
+        except Exception as exc:  # e.g. Redis gone: say so, keep the replica
+            log.exception("library request failed")
+            return _error(503, f"library unavailable: {exc}")
+
+
+def build_app(config: SleaConfig, redis_url: str):
+    """The Serve application for a run, with replicas and autoscaling from LibraryConfig."""
+    cfg = config.library
+    options: dict = {"ray_actor_options": {"num_cpus": 1, "resources": dict(cfg.resources)}}
+    if cfg.max_replicas > cfg.replicas:
+        options["autoscaling_config"] = {"min_replicas": cfg.replicas, "max_replicas": cfg.max_replicas,
+                                         "target_ongoing_requests": cfg.target_ongoing_requests}
+    else:
+        options["num_replicas"] = cfg.replicas
+    return LibraryServer.options(**options).bind(config.model_dump(mode="json"), redis_url)

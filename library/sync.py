@@ -1,0 +1,121 @@
+"""How Serve replicas follow the library writer through Redis.
+
+The writer publishes each committed delta to the stream slea:<run>:library:deltas and each
+snapshot to the key slea:<run>:library:snapshot. A replica starts from the snapshot, then
+applies deltas in version order before every request it answers, so an answer never comes
+from a version older than the last one published before the request arrived. A replica that
+finds a gap (deltas trimmed while it was behind) reloads the snapshot. Each writer start is a
+new epoch: a restarted writer resumes from its last snapshot and may renumber versions that
+replicas already saw, so a delta of another epoch also sends a replica back to the snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import redis
+
+from library.persistence import load_snapshot_text
+from library.state import DeltaGap, Library
+
+
+def deltas_key(run_id: str) -> str:
+    return f"slea:{run_id}:library:deltas"
+
+
+def snapshot_key(run_id: str) -> str:
+    return f"slea:{run_id}:library:snapshot"
+
+
+def epoch_key(run_id: str) -> str:
+    return f"slea:{run_id}:library:epoch"
+
+
+class LibraryNotPublished(RuntimeError):
+    """No writer has published a library for this run yet (start the library consumer first)."""
+
+
+class Publisher:
+    """Writer side: deltas as stream entries, snapshots as one key; trims deltas a snapshot covers."""
+
+    def __init__(self, client: redis.Redis, run_id: str):
+        self.client = client
+        self.run_id = run_id
+        self.epoch = uuid.uuid4().hex  # this writer's lifetime
+        self._first_since_snapshot: str | None = None  # oldest delta replicas may still need
+
+    def start(self, text: str) -> None:
+        """Begin an epoch from the writer's restored (or empty) state: old deltas go, the snapshot
+        and epoch are replaced together so a replica never pairs one epoch with another's state."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(deltas_key(self.run_id))
+        pipe.set(snapshot_key(self.run_id), text)
+        pipe.set(epoch_key(self.run_id), self.epoch)
+        pipe.execute()
+
+    def publish_delta(self, delta: dict) -> str:
+        entry_id = self.client.xadd(deltas_key(self.run_id), {b"d": json.dumps({**delta, "epoch": self.epoch})}).decode()
+        self._first_since_snapshot = self._first_since_snapshot or entry_id
+        return entry_id
+
+    def publish_snapshot(self, text: str) -> None:
+        """Store the snapshot, then drop deltas older than the previous snapshot's period: a
+        replica within one period catches up from deltas, one further behind reloads."""
+        self.client.set(snapshot_key(self.run_id), text)
+        keep_from, self._first_since_snapshot = self._first_since_snapshot, None
+        if keep_from is not None:
+            self.client.xtrim(deltas_key(self.run_id), minid=keep_from, approximate=False)
+
+
+class Follower:
+    """Replica side: keeps a Library at the newest published version."""
+
+    def __init__(self, client: redis.Redis, run_id: str, library: Library):
+        self.client = client
+        self.run_id = run_id
+        self.library = library
+        self.last_entry: str | None = None  # id of the last delta entry read; None before the snapshot
+        self.epoch: str | None = None  # writer epoch of the snapshot loaded
+
+    def _bootstrap(self) -> None:
+        pipe = self.client.pipeline(transaction=True)
+        pipe.get(snapshot_key(self.run_id))
+        pipe.get(epoch_key(self.run_id))
+        text, epoch = pipe.execute()
+        if text is None:
+            raise LibraryNotPublished(f"no library writer has started for run {self.run_id} (key {snapshot_key(self.run_id)} is empty)")
+        load_snapshot_text(self.library, text.decode())
+        self.epoch = epoch.decode()
+        self.last_entry = "0-0"
+
+    def sync(self) -> int:
+        """Apply every delta published since the last sync; returns the library version."""
+        for _attempt in range(3):
+            if self.last_entry is None:
+                self._bootstrap()
+            try:
+                self._apply_new()
+                return self.library.version
+            except DeltaGap:
+                self.last_entry = None
+        raise RuntimeError(f"library replica of run {self.run_id} could not catch up with the writer's deltas")
+
+    def _apply_new(self) -> None:
+        while True:
+            # One round trip: the epoch (a restarted writer may have published nothing new yet) and the deltas.
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(epoch_key(self.run_id))
+            pipe.xrange(deltas_key(self.run_id), min=f"({self.last_entry}", count=512)
+            epoch, entries = pipe.execute()
+            if epoch is None or epoch.decode() != self.epoch:
+                raise DeltaGap(f"writer epoch is now {epoch!r}, replica holds epoch {self.epoch}")
+            if not entries:
+                return
+            for entry_id, fields in entries:
+                delta = json.loads(fields[b"d"])
+                if delta["epoch"] != self.epoch:  # a restart between the two reads above
+                    raise DeltaGap(f"delta of writer epoch {delta['epoch']}, replica holds epoch {self.epoch}")
+                if delta["version"] > self.library.version:
+                    self.library.apply_delta(delta)
+                self.last_entry = entry_id.decode()

@@ -1,0 +1,151 @@
+"""The actor pool on a real local Ray, writing to a real Redis stream, with a tiny model."""
+
+import time
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import ray
+import redis
+
+from actors.pool import ActorPool
+from helpers import forward_logprobs
+from learner.weights import RayWeightPublisher
+from slea.channels import RAY_NAMESPACE
+from slea.config import load_config
+from slea.models import tiny_model
+from slea.records import StepRecord, decode
+from slea.streams import PAYLOAD_FIELD
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False, namespace=RAY_NAMESPACE, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    model, tokenizer = tiny_model(seed=1)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def pool_config(run_id, tiny_dir, *extra):
+    return load_config(None, [
+        f"run.id={run_id}", f"model.name={tiny_dir}", "model.max_new_tokens=6", "model.max_prompt_tokens=1024",
+        "envs.name=alfworld", "envs.params.difficulty=easy", "envs.budgets=[2,3]", "envs.panel_size=4",
+        "actors.num_workers=2", "actors.envs_per_worker=4", "actors.group_size=4", "actors.ab_groups=true",
+        "actors.num_cpus=0.5", "actors.retrieval_mode=none", *extra,
+    ])
+
+
+def stream_records(client, config) -> list[StepRecord]:
+    return [decode(fields[PAYLOAD_FIELD]) for _id, fields in client.xrange(config.stream_key())]
+
+
+def wait_for(predicate, timeout_s=240, interval_s=0.5):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return False
+
+
+def episodes_of(records):
+    episodes = defaultdict(list)
+    for record in records:
+        episodes[record.episode_id].append(record)
+    return episodes
+
+
+def test_pool_plays_groups_into_the_stream(ray_cluster, redis_url, tiny_dir):
+    config = pool_config("pool-groups", tiny_dir)
+    client = redis.Redis.from_url(redis_url)
+    pool = ActorPool(config, redis_url)
+    pool.scale(2)
+    assert wait_for(lambda: sum(r.done for r in stream_records(client, config)) >= 16)
+    summaries = pool.stop()
+    assert len(summaries) == 2 and all(s["groups_started"] >= 1 for s in summaries)
+    records = stream_records(client, config)
+    by_group = defaultdict(set)
+    for episode_id, steps in episodes_of(records).items():
+        if any(step.abandoned for step in steps):
+            continue  # cut short by the stop: marked, never complete
+        steps.sort(key=lambda r: r.step)
+        assert [r.step for r in steps] == list(range(len(steps)))  # contiguous
+        assert steps[-1].done and not any(r.done for r in steps[:-1])
+        assert len(steps) <= steps[0].step_budget and steps[0].step_budget in (2, 3)
+        assert len({r.task_id for r in steps}) == 1 and all(r.policy_version == 0 for r in steps)
+        assert all(len(r.response_ids) == len(r.response_logprobs) > 0 for r in steps)
+        by_group[steps[0].group_id].add((episode_id, steps[0].with_experience))
+    complete = [members for members in by_group.values() if len(members) == 4]
+    assert complete, "no group finished all of its 4 episodes"
+    for members in complete:  # retrieval is off: nobody is experience-conditioned
+        assert [flag for _e, flag in sorted(members)] == [False] * 4
+
+
+def test_ab_groups_split_with_and_without_experience(ray_cluster, redis_url, tiny_dir):
+    config = pool_config("pool-ab", tiny_dir, "actors.retrieval_mode=step", "actors.retrieval_timeout_s=0.2",
+                         "actors.num_workers=1")
+    client = redis.Redis.from_url(redis_url)
+    pool = ActorPool(config, redis_url)
+    pool.scale(1)  # no library is deployed: every retrieval is a miss, the pool still produces
+    assert wait_for(lambda: sum(r.done for r in stream_records(client, config)) >= 4)
+    summary, = pool.stop()
+    assert summary["retrieval_misses"] > 0
+    flags = defaultdict(dict)
+    for record in stream_records(client, config):
+        if not record.abandoned:
+            flags[record.group_id][record.episode_id] = record.with_experience
+            assert record.library_version == -1 and record.experience_ids == []
+    for members in flags.values():
+        if len(members) == 4:
+            assert [members[k] for k in sorted(members)] == [True, True, False, False]
+
+
+def test_published_weights_reach_the_next_steps(ray_cluster, redis_url, tiny_dir):
+    config = pool_config("pool-weights", tiny_dir, "actors.num_workers=1")
+    client = redis.Redis.from_url(redis_url)
+    pool = ActorPool(config, redis_url)
+    pool.scale(1)
+    assert wait_for(lambda: len(stream_records(client, config)) >= 2)
+    new_model, _ = tiny_model(seed=9)
+    publisher = RayWeightPublisher(config.run.id)
+    publisher.publish(1, {k: v.clone() for k, v in new_model.state_dict().items()})
+    publisher.flush()
+    assert wait_for(lambda: any(r.policy_version == 1 for r in stream_records(client, config)))
+    pool.stop()
+    updated = [r for r in stream_records(client, config) if r.policy_version == 1]
+    for record in updated[:3]:
+        expected = forward_logprobs(new_model, record.prompt_ids, record.response_ids)
+        np.testing.assert_allclose(record.response_logprobs, expected, atol=2e-4)
+    versions = [r.policy_version for r in stream_records(client, config) if not r.abandoned]
+    assert versions == sorted(versions)  # a worker never goes back to older weights
+    ray.kill(ray.get_actor(f"slea-weights-{config.run.id}", namespace=RAY_NAMESPACE))
+
+
+def test_killed_worker_leaves_no_half_episode_and_the_pool_refills(ray_cluster, redis_url, tiny_dir):
+    config = pool_config("pool-kill", tiny_dir, "actors.num_workers=1", "envs.budgets=[6]")
+    client = redis.Redis.from_url(redis_url)
+    pool = ActorPool(config, redis_url)
+    pool.scale(1)
+    worker = pool.workers[0]
+    assert wait_for(lambda: len(stream_records(client, config)) >= 3)
+    ray.kill(worker, no_restart=False)  # the process dies mid-episode; Ray restarts the actor
+    assert wait_for(lambda: pool.supervise() == 1, timeout_s=120, interval_s=1)
+    assert wait_for(lambda: any(r.abandoned for r in stream_records(client, config)))
+    killed_at = len(stream_records(client, config))
+    assert wait_for(lambda: sum(r.done and not r.abandoned for r in stream_records(client, config)[killed_at:]) >= 4)
+    pool.stop()
+    for episode_id, steps in episodes_of(stream_records(client, config)).items():
+        real = sorted((r for r in steps if not r.abandoned), key=lambda r: r.step)
+        complete = bool(real) and real[-1].done and [r.step for r in real] == list(range(len(real)))
+        abandoned = any(r.abandoned for r in steps)
+        assert complete != abandoned, f"episode {episode_id} is neither complete nor marked abandoned"
