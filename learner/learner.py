@@ -24,6 +24,7 @@ from learner.batch import TrainSample
 from learner.checkpoint import LearnerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from learner.engine import PolicyTrainer
 from learner.groups import GroupAssembler, ReadyGroup
+from learner.metrics_export import export_step_metrics
 from learner.weights import RayWeightPublisher
 from slea.config import SleaConfig
 from slea.models import load_model
@@ -134,6 +135,7 @@ class Learner:
             duplicate_steps=counters.duplicates,
             open_groups=self.assembler.open_groups,
         )
+        export_step_metrics(metrics)
         return StepResult(metrics=metrics, group_ids=[group.group_id for group in groups])
 
     def _samples(self, groups: list[ReadyGroup]) -> tuple[list[TrainSample], dict]:

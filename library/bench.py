@@ -29,6 +29,7 @@ from library.persistence import snapshot_text
 from library.retrieval import retrieve_batch
 from library.state import Library
 from library.sync import Publisher
+from slea.channels import LIBRARY_APP
 from slea.config import SleaConfig
 
 TASK_TYPE = "pick_and_place"
@@ -89,7 +90,7 @@ def bench_retrieval(n_experiences: int = 10_000, n_clusters: int = 5_000, batch_
     import ray
     from ray import serve
 
-    from library.service import APP_NAME, start_serve_app
+    from library.service import start_serve_app
     from slea.embedded_redis import EmbeddedRedis
     from slea.redis_conn import connect
 
@@ -136,7 +137,7 @@ def bench_retrieval(n_experiences: int = 10_000, n_clusters: int = 5_000, batch_
 
         via_http = _timed(over_http, known)
         connection.close()
-        serve.delete(APP_NAME)
+        serve.delete(LIBRARY_APP)
     finally:
         if started_ray:
             serve.shutdown()

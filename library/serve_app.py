@@ -21,7 +21,7 @@ from library.request_models import BadRequest, RetrieveBatchRequest, RetrieveReq
 from library.retrieval import retrieve_batch
 from library.state import Library
 from library.sync import Follower
-from slea.config import SleaConfig
+from slea.config import SleaConfig, load_config
 from slea.redis_conn import connect
 
 log = logging.getLogger(__name__)
@@ -132,3 +132,12 @@ def build_app(config: SleaConfig, redis_url: str):
     else:
         options["num_replicas"] = cfg.replicas
     return LibraryServer.options(**options).bind(config.model_dump(mode="json"), redis_url)
+
+
+def app_builder(args: dict):
+    """Serve application builder for RayService / `serve run` (serveConfigV2 import_path):
+    args {"config": path of the run YAML, "overrides": ["key=value", ...]}; Redis from the config."""
+    config = load_config(args["config"], args.get("overrides", []))
+    if not config.redis.url:
+        raise ValueError(f"{args['config']}: redis.url must be set to serve a library on its own")
+    return build_app(config, config.redis.url)

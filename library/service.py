@@ -18,7 +18,6 @@ from slea.redis_conn import connect
 
 log = logging.getLogger(__name__)
 
-APP_NAME = LIBRARY_APP  # actors find the app by this name (slea.channels)
 
 
 def start_writer(config: SleaConfig, redis_url: str, run_dir: str | Path) -> LibraryWriter:
@@ -37,7 +36,7 @@ def start_serve_app(config: SleaConfig, redis_url: str):
         serve.start(http_options={"host": "0.0.0.0", "port": config.library.http_port})
     else:
         serve.start(proxy_location="Disabled")
-    return serve.run(build_app(config, redis_url), name=APP_NAME, route_prefix="/")
+    return serve.run(build_app(config, redis_url), name=LIBRARY_APP, route_prefix="/")
 
 
 def serve_library(config: SleaConfig, run_dir: str | Path | None = None) -> int:

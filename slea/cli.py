@@ -67,6 +67,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from learner.bench import bench_learner
 
         result = bench_learner()
+    elif args.target == "retrieval":
+        from library.bench import bench_retrieval
+
+        result = bench_retrieval()
+    elif args.target == "actors":
+        from actors.bench import bench_actors
+
+        result = bench_actors()
     else:
         print(f"slea bench {args.target}: not built yet (see the open issues)", file=sys.stderr)
         return 2
@@ -75,6 +83,40 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         for key, value in result.items():
             print(f"{key}: {value}")
+    return 0
+
+
+def cmd_serve_library(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    from library.service import serve_library
+
+    return serve_library(config, run_dir=args.run_dir)
+
+
+def cmd_library_show(args: argparse.Namespace) -> int:
+    from library.persistence import show_library
+
+    print(show_library(args.run_dir, top=args.top))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from slea.evaluate import evaluate
+
+    try:
+        report = evaluate(args.model, args.env, args.panel, samples_per_task=args.episodes_per_task, ks=args.ks,
+                          budgets=args.budgets, config_file=args.config, overrides=args.overrides, out_dir=args.out,
+                          use_library=not args.no_library)
+    except ConfigError:
+        raise  # main() reports config errors the same way for every command
+    except ValueError as exc:  # k or T out of range, an empty panel
+        print(f"slea eval: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        _print_json(report.report)
+    else:
+        print(report.files["markdown"].read_text())
+        print("report files: " + ", ".join(str(path) for path in report.files.values()))
     return 0
 
 
@@ -93,10 +135,20 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=cmd_train)
 
     evaluate = commands.add_parser("eval", help="play an evaluation panel and report success and Pass@(k,T)")
-    evaluate.add_argument("model", help="checkpoint directory or model name")
-    evaluate.add_argument("--env", default="alfworld")
-    evaluate.add_argument("--panel", default="default")
-    evaluate.set_defaults(func=cmd_not_built)
+    evaluate.add_argument("model", metavar="CHECKPOINT_OR_MODEL",
+                          help="run directory (newest checkpoint), checkpoint directory, model directory or model name")
+    evaluate.add_argument("--env", default=None, help="env name (default: the config's envs.name)")
+    evaluate.add_argument("--panel", default=None, help="panel name (default: the config's envs.eval_panel)")
+    evaluate.add_argument("--episodes-per-task", type=int, default=4, metavar="N", help="sampled episodes per task (n)")
+    evaluate.add_argument("--k", dest="ks", type=int, action="append", metavar="K", help="Pass@k values (repeatable)")
+    evaluate.add_argument("--t", dest="budgets", type=int, action="append", metavar="T", help="step budgets T (repeatable)")
+    evaluate.add_argument("--out", default=None, metavar="DIR", help="report folder (default: <run dir>/eval/...)")
+    evaluate.add_argument("--config", default=None, metavar="FILE", help="run YAML (default: the run's own, else defaults)")
+    evaluate.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                          help="override a config value, e.g. --set envs.panel_size=10 (repeatable)")
+    evaluate.add_argument("--no-library", action="store_true", help="skip the with-library rows")
+    evaluate.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    evaluate.set_defaults(func=cmd_eval)
 
     play = commands.add_parser("play", help="play episodes of an env with an expert or random policy")
     play.add_argument("--env", required=True, help="env name (alfworld, webshop, search_qa, textworld, frozenlake, sokoban)")
@@ -108,9 +160,17 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("--json", action="store_true", help="print one JSON object")
     play.set_defaults(func=cmd_play)
 
-    serve = commands.add_parser("serve-library", help="serve an experience library over Ray Serve")
+    serve = commands.add_parser("serve-library", help="serve an experience library over Ray Serve (needs redis.url)")
     _config_args(serve)
-    serve.set_defaults(func=cmd_not_built)
+    serve.add_argument("--run-dir", help="where the library snapshots live (default <run.dir>/<run.id>)")
+    serve.set_defaults(func=cmd_serve_library)
+
+    library = commands.add_parser("library", help="inspect an experience library")
+    library_commands = library.add_subparsers(dest="library_command", required=True, metavar="ACTION")
+    show = library_commands.add_parser("show", help="zones, levels, top items, clusters and version of a run's library")
+    show.add_argument("run_dir", metavar="RUN", help="run directory")
+    show.add_argument("--top", type=int, default=3, help="items shown per level")
+    show.set_defaults(func=cmd_library_show)
 
     bench = commands.add_parser("bench", help="benchmarks that print ratios against an in-run baseline")
     bench.add_argument("target", choices=["stream", "envs", "learner", "retrieval", "actors", "async"])

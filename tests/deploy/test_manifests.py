@@ -15,6 +15,8 @@ import yaml
 from k8s_render import (K8S, OVERLAYS, REPO, custom_resources, entrypoint_config, find, kustomize, ray_cluster_specs,
                       ray_pod_groups)
 
+from slea.channels import LIBRARY_APP
+
 POOLS = {"actors": "actor_pool", "learner": "learner_pool", "library": "library_pool"}
 CORE_KINDS = {"Service", "StatefulSet"}
 RAY_KINDS = {"RayJob", "RayService"}
@@ -223,7 +225,7 @@ def test_rayservice_serves_the_library_app_as_configured(rendered, overlay):
     source = module.read_text()  # read, not imported: importing the app pulls in Serve and the embedder
     assert re.search(rf"^def {attribute}\(args", source, re.M), \
         f"{app['import_path']}: {module_name} defines no Serve application builder {attribute}(args)"
-    assert f'APP_NAME = "{app["name"]}"' in (REPO / "library/service.py").read_text(), "app name differs from slea train's"
+    assert app["name"] == LIBRARY_APP, "app name differs from the one slea train deploys and actors look up"
     config_path = app["args"]["config"]
     assert (REPO / config_path.removeprefix("/app/")).is_file()
     (deployment,) = app["deployments"]

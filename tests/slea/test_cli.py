@@ -13,7 +13,7 @@ def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([*SLEA, *args], capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["eval"], ["play"], ["serve-library"], ["bench"], ["doctor"]])
+@pytest.mark.parametrize("command", [[], ["train"], ["eval"], ["play"], ["serve-library"], ["library", "show"], ["bench"], ["doctor"]])
 def test_every_subcommand_has_help(command):
     result = run(*command, "--help")
     assert result.returncode == 0, result.stderr

@@ -1,0 +1,161 @@
+"""What a training run leaves to read: metrics.jsonl, TensorBoard event files, PNG plots.
+
+`slea train` hands the RunRecorder one flat dict of metrics per learner step. Each becomes a
+JSON line (the durable record: plots and learning curves are rebuilt from it alone, and a
+resumed run appends to it), TensorBoard scalars (for live inspection), and every `plot_every`
+steps the PNGs are redrawn from the whole file, so a run killed at any point leaves plots.
+
+Metric keys the plots read (any other key is recorded and sent to TensorBoard, not plotted):
+
+    actors/success_rate              success of episodes finished since the last learner step
+    actors/success_rate/<task_type>  the same per task type
+    actors/episode_length            mean steps of those episodes (per type: .../<task_type>)
+    library/size/<zone>              experiences in the zone: strategy, warning
+    stream/lag/<group>               entries the consumer group has not read: learner, library
+    eval/success_rate                held-out panel success (steps where an evaluation ran)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+PLOTS_DIR = "plots"
+
+# (file name, metric key prefix, title, y label, y limited to [0, 1])
+PLOTS = (
+    ("success_rate.png", "actors/success_rate", "success rate by task type", "success rate", True),
+    ("episode_length.png", "actors/episode_length", "episode length", "steps per episode", False),
+    ("library_size.png", "library/size", "library size per zone", "experiences", False),
+    ("stream_lag.png", "stream/lag", "stream lag per consumer group", "entries behind", False),
+    ("eval_success.png", "eval/success_rate", "held-out panel success", "success rate", True),
+)
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """metrics.jsonl as dicts in step order; for a step recorded twice (a resumed run redoes the
+    steps after its last checkpoint) the later line wins. A torn last line (a crash mid-write) is skipped."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return []
+    by_step: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        by_step[int(entry["step"])] = entry
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def series(entries: list[dict], prefix: str) -> dict[str, tuple[list[int], list[float]]]:
+    """Every numeric key equal to `prefix` or under `prefix/`: key -> (steps, values), gaps skipped."""
+    found: dict[str, tuple[list[int], list[float]]] = {}
+    for entry in entries:
+        for key, value in entry.items():
+            if (key == prefix or key.startswith(prefix + "/")) and _is_number(value):
+                steps, values = found.setdefault(key, ([], []))
+                steps.append(entry["step"])
+                values.append(float(value))
+    return dict(sorted(found.items()))
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def draw_lines(lines: dict[str, tuple[list[int], list[float]]], path: Path, title: str, ylabel: str,
+               unit_interval: bool, xlabel: str = "learner step") -> None:
+    figure = Figure(figsize=(7, 4))
+    axes = figure.subplots()
+    for label, (steps, values) in lines.items():
+        axes.plot(steps, values, marker="." if len(steps) < 50 else None, label=label)
+    if unit_interval:
+        axes.set_ylim(-0.02, 1.02)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}")  # readers (a browser refreshing) never see half a PNG
+    figure.savefig(staging, dpi=100, format="png")
+    staging.replace(path)
+
+
+def render_plots(run_dir: str | Path) -> list[Path]:
+    """Redraw every plot whose metrics are present in the run's metrics.jsonl; returns the files written."""
+    entries = read_metrics(run_dir)
+    written = []
+    for file_name, prefix, title, ylabel, unit_interval in PLOTS:
+        lines = series(entries, prefix)
+        if lines:
+            path = Path(run_dir) / PLOTS_DIR / file_name
+            draw_lines(lines, path, title, ylabel, unit_interval)
+            written.append(path)
+    return written
+
+
+class RunRecorder:
+    """Per-learner-step outputs of one run directory (append-only, so --resume just continues)."""
+
+    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, plots: bool = True, plot_every: int = 5):
+        self.run_dir = Path(run_dir)
+        self.plots = plots
+        self.plot_every = plot_every
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.run_dir / METRICS_FILE, "a")
+        self._writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(self.run_dir / TENSORBOARD_DIR))
+
+    def record(self, step: int, metrics: dict[str, float | int | str]) -> None:
+        """One learner step's metrics (flat: 'actors/success_rate/pick' -> 0.25)."""
+        now = time.time()
+        self._file.write(json.dumps({"step": step, "time": now, **metrics}) + "\n")
+        self._file.flush()  # a killed run keeps every step it finished
+        if self._writer is not None:
+            for key, value in metrics.items():
+                if _is_number(value):
+                    self._writer.add_scalar(key, value, global_step=step, walltime=now)
+            self._writer.flush()
+        if self.plots and step % self.plot_every == 0:
+            render_plots(self.run_dir)
+
+    def close(self) -> None:
+        """Flush everything and draw the final plots."""
+        self._file.close()
+        if self._writer is not None:
+            self._writer.close()
+        if self.plots:
+            render_plots(self.run_dir)
+
+    def __enter__(self) -> "RunRecorder":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def plot_learning_curves(run_dirs: dict[str, str | Path], out_png: str | Path,
+                         key: str = "eval/success_rate") -> Path:
+    """Held-out success over learner steps for several runs on one figure (e.g. SLEA vs GRPO)."""
+    lines = {}
+    for label, run_dir in run_dirs.items():
+        found = series(read_metrics(run_dir), key).get(key)
+        if found is None:
+            raise ValueError(f"run '{label}' ({run_dir}) has no '{key}' in {METRICS_FILE}: "
+                             "it recorded no held-out evaluation yet")
+        lines[label] = found
+    out = Path(out_png)
+    draw_lines(lines, out, f"held-out panel success ({key})", "success rate", unit_interval=True)
+    return out
