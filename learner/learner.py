@@ -169,6 +169,7 @@ class Learner:
             "anchor_group_sizes": {size: count // size for size, count in sorted(sizes.items())},
             "staleness_histogram": dict(sorted(staleness.items())),
         }
+        metrics.update(_episode_outcomes(records))
         return samples, metrics
 
     def checkpoint(self) -> None:
@@ -203,3 +204,18 @@ class Learner:
         if self.unacked:
             self.checkpoint()
         self.publisher.flush()
+
+
+def _episode_outcomes(records) -> dict:
+    """Per task type: episodes trained on and how many succeeded ("episodes/<type>/episodes",
+    "episodes/<type>/successes"), and their mean length ("episode_length_mean")."""
+    outcomes: dict[str, float] = {}
+    lengths = []
+    for record in records:
+        if record.done:
+            prefix = f"episodes/{record.task_type}"
+            outcomes[f"{prefix}/episodes"] = outcomes.get(f"{prefix}/episodes", 0) + 1
+            outcomes[f"{prefix}/successes"] = outcomes.get(f"{prefix}/successes", 0) + int(record.success)
+            lengths.append(record.step + 1)
+    outcomes["episode_length_mean"] = float(np.mean(lengths)) if lengths else 0.0
+    return outcomes

@@ -68,12 +68,9 @@ class LibraryWriter:
         self.snapshot_version = library.version
         self.publisher = Publisher(client, config.run.id)
         self.publisher.start(snapshot_text(library, list(self.durable)))
-        # Our own entries wait for a snapshot; claiming them back from ourselves sooner would only
-        # count them towards the dead-letter limit.
-        claim_idle_ms = max(config.redis.claim_idle_ms, int(4000 * self.cfg.snapshot_max_age_s))
         self.consumer = StreamConsumer(client, config.stream_key(), group=GROUP, consumer=consumer_name,
                                        dead_letter_key=config.dead_letter_key(), max_deliveries=config.redis.max_deliveries,
-                                       claim_idle_ms=claim_idle_ms, reconnect_max_s=config.redis.reconnect_max_s)
+                                       claim_idle_ms=config.redis.claim_idle_ms, reconnect_max_s=config.redis.reconnect_max_s)
         self.read_count, self.block_ms = config.redis.read_count, config.redis.block_ms
         self.buffer = EpisodeBuffer()
         self.window = Window()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from actors.envs.registry import UnknownEnvError
 from slea.config import ConfigError, apply_override, load_config, parse_override
@@ -26,6 +27,8 @@ def _print_json(result: dict) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.resume and args.config is None:
+        args.config = str(Path(args.resume) / "config.yaml")  # the run's own resolved config
     config = load_config(args.config, args.overrides)
     from slea.train import train
 
@@ -193,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"slea: config error: {exc}", file=sys.stderr)
         return 2
-    except (RedisServerMissing, UnknownEnvError, FileNotFoundError) as exc:
+    except (RedisServerMissing, UnknownEnvError, FileNotFoundError, FileExistsError) as exc:
         print(f"slea: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,14 +14,20 @@ STREAM_GROUPS = ("learner", "library")
 
 
 def prepare_run_dir(config: SleaConfig, resume_dir: str | None = None) -> Path:
-    """runs/<id>-<timestamp>/ with the resolved config; --resume reuses the given directory."""
+    """<run.dir>/<run.id>/ with the resolved config. Every component (learner checkpoints, library
+    snapshots, the embedded Redis data) finds the run there by its id; a new run refuses an
+    existing directory, --resume requires one."""
+    run_dir = Path(config.run.dir) / config.run.id
     if resume_dir is not None:
-        run_dir = Path(resume_dir)
-        if not (run_dir / "config.yaml").is_file():
-            raise FileNotFoundError(f"{run_dir} is not a run directory (no config.yaml)")
+        if not (Path(resume_dir) / "config.yaml").is_file():
+            raise FileNotFoundError(f"{resume_dir} is not a run directory (no config.yaml)")
+        if Path(resume_dir).resolve() != run_dir.resolve():
+            raise FileNotFoundError(f"{resume_dir} holds run '{config.run.id}' at {run_dir}; resume it from there")
         return run_dir
-    run_dir = Path(config.run.dir) / f"{config.run.id}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=False)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise FileExistsError(f"run directory {run_dir} exists: continue it with --resume {run_dir}, "
+                              f"or choose another run.id (--set run.id=...)")
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(config))
     return run_dir
 

@@ -1,44 +1,227 @@
-"""`slea train`: bring up a run's services and components from one config.
+"""`slea train`: the whole asynchronous system from one config.
 
-What runs today: the run directory with its resolved config, the Redis step stream (embedded
-when no URL is configured) with both consumer groups, and the environment with its held-out
-evaluation panel. The actor pool, learner loop and library consumer join here as their
-issues land (actors: #6, end to end: #7); until then the command says so and stops cleanly.
+Services first (run directory, Redis, Ray), then the library writer and its Serve app, the
+learner, and the actor pool, each a Ray actor placed by its own resources. The driver only
+watches: it supervises the pool, drains learner metrics into the run directory, and draws the
+progress display. Actors never wait for the learner and the learner never waits for a rollout
+phase; they meet in the stream and the weight registry.
+
+Stopping: the learner finishing `learner.max_steps`, or Ctrl-C / SIGTERM, stops the actors from
+starting groups (their half episodes are marked abandoned), lets the learner checkpoint and the
+library snapshot, then stops Serve, Ray and the embedded Redis. A second Ctrl-C exits at once.
 """
 
 from __future__ import annotations
 
-from rich.console import Console
+import os
+import signal
+import time
+from collections import defaultdict
 
+import ray
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from slea.channels import RAY_NAMESPACE
 from slea.config import SleaConfig
 from slea.redis_conn import connect
 from slea.services import STREAM_GROUPS, prepare_run_dir, redis_for_run, sigterm_as_interrupt
-from slea.stream_admin import group_stats
+from slea.stream_admin import group_stats, trim_acknowledged
 from slea.streams import ensure_group
+
+POLL_S = 2.0
+
+
+def _apply_preset(config: SleaConfig) -> SleaConfig:
+    """`run.preset`: grpo = no library and omega 0; task_retrieval = retrieve once per episode."""
+    preset = config.run.preset
+    if preset == "grpo":
+        config.library.enabled = False
+        config.actors.retrieval_mode = "none"
+        config.learner.omega = 0.0
+    elif preset == "task_retrieval":
+        config.actors.retrieval_mode = "task"
+    return config
+
+
+def run_metrics(learner: dict, lags: dict[str, int], library: dict | None) -> dict:
+    """One flat metrics.jsonl line (keys documented in slea/run_outputs.py) from a learner step,
+    the stream's lag per group and the library's sizes."""
+    line: dict[str, float] = {}
+    wins = episodes = 0
+    for key, value in learner.items():
+        if key.startswith("episodes/"):
+            continue
+        if isinstance(value, dict):  # histograms: one series per bucket
+            line.update({f"learner/{key}/{bucket}": count for bucket, count in value.items()})
+        else:
+            line[f"learner/{key}"] = value
+    for key, value in learner.items():
+        if key.startswith("episodes/") and key.endswith("/episodes"):
+            task_type = key.split("/")[1]
+            won = learner[f"episodes/{task_type}/successes"]
+            line[f"actors/success_rate/{task_type}"] = won / value
+            wins, episodes = wins + won, episodes + value
+    if episodes:
+        line["actors/success_rate"] = wins / episodes
+        line["actors/episode_length"] = learner["episode_length_mean"]
+    line.update({f"stream/lag/{group}": lag for group, lag in lags.items()})
+    if library is not None:
+        for zone_level, size in library["experiences"].items():
+            zone = zone_level.split("/")[0]
+            line[f"library/size/{zone}"] = line.get(f"library/size/{zone}", 0) + size
+        line["library/version"] = library["version"]
+    return line
+
+
+class Progress:
+    """What the display shows, accumulated from learner metrics and pool summaries."""
+
+    def __init__(self, config: SleaConfig):
+        self.config = config
+        self.started = time.monotonic()
+        self.last_step_at = self.started
+        self.seconds_per_step = 0.0
+        self.latest: dict = {}
+        self.successes: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # task type -> [wins, episodes]
+
+    def add_step(self, metrics: dict) -> None:
+        now = time.monotonic()
+        self.seconds_per_step, self.last_step_at = now - self.last_step_at, now
+        self.latest = metrics
+        for key, value in metrics.items():
+            if key.startswith("episodes/"):
+                _, task_type, what = key.split("/")
+                self.successes[task_type][0 if what == "successes" else 1] += int(value)
+
+    def table(self, pool: list[dict], lag: int, library: dict | None) -> Table:
+        cfg = self.config
+        table = Table(title=f"slea train: {cfg.run.id} ({cfg.run.preset})", show_header=False)
+        table.add_row("learner step", f"{self.latest.get('learner_step', 0)} / {cfg.learner.max_steps}")
+        table.add_row("policy version", str(self.latest.get("policy_version", 0)))
+        table.add_row("episodes (actors)", str(sum(s["episodes_finished"] for s in pool)))
+        for task_type, (wins, episodes) in sorted(self.successes.items()):
+            table.add_row(f"success {task_type}", f"{wins}/{episodes} ({wins / max(episodes, 1):.0%})")
+        table.add_row("stream lag (learner)", str(lag))
+        if library is not None:
+            table.add_row("library", f"v{library['version']}, {sum(library['experiences'].values())} experiences, "
+                                     f"{library['clusters']} clusters")
+        table.add_row("s / learner step", f"{self.seconds_per_step:.1f}")
+        table.add_row("elapsed", f"{time.monotonic() - self.started:.0f} s")
+        return table
 
 
 def train(config: SleaConfig, resume_dir: str | None = None) -> int:
     console = Console(stderr=True)
+    config = _apply_preset(config)
     run_dir = prepare_run_dir(config, resume_dir)
     console.print(f"[bold]slea train[/] run [cyan]{config.run.id}[/] preset [cyan]{config.run.preset}[/] in {run_dir}")
-    with sigterm_as_interrupt(), redis_for_run(config, run_dir) as url:
-        client = connect(config.redis, url)
-        stream = config.stream_key()
-        for group in STREAM_GROUPS:
-            ensure_group(client, stream, group)
-        stats = group_stats(client, stream)
-        console.print(f"stream {stream} at {url}: groups " + ", ".join(f"{name} (lag {s.lag})" for name, s in stats.items()))
+    interrupts = {"count": 0}
 
-        from actors.envs.registry import make_env
-        from actors.envs.tasks import TaskSampler, panel_tasks
+    def on_sigint(_signum, _frame):
+        interrupts["count"] += 1
+        if interrupts["count"] > 1:
+            console.print("[red]second Ctrl-C: exiting now[/]")
+            os._exit(130)
+        raise KeyboardInterrupt
 
-        env = make_env(config.envs.name, config.envs.params, config.envs.max_steps, config.envs.plugins)
-        panel = panel_tasks(env, config.envs.eval_panel, size=config.envs.panel_size)
-        first_task = next(TaskSampler(env, config.run.seed, held_out=panel))
-        console.print(f"env {env.name}: task types {', '.join(env.task_types())}; panel '{config.envs.eval_panel}' "
-                      f"of {len(panel)} tasks; first training task {first_task.task_id}")
-        env.close()
+    previous_handler = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with sigterm_as_interrupt(), redis_for_run(config, run_dir) as url:
+            config.redis.url = url
+            return _run(config, run_dir, console)
+    finally:
+        signal.signal(signal.SIGINT, previous_handler)
+
+
+def _run(config: SleaConfig, run_dir, console: Console) -> int:
+    from actors.pool import ActorPool
+    from learner.process import LearnerProcess
+    from monitoring.ray_metrics import use_ray_metrics
+
+    client = connect(config.redis)
+    stream = config.stream_key()
+    for group in STREAM_GROUPS:
+        ensure_group(client, stream, group)
+    ray.init(address=config.ray.address, num_cpus=config.ray.num_cpus if config.ray.address is None else None,
+             namespace=RAY_NAMESPACE, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    if config.monitoring.metrics_port is None:
+        use_ray_metrics()  # the driver's gauges (stream lag) go out through Ray's metrics port too
+    else:
+        from monitoring.metrics import serve_metrics
+
+        serve_metrics(config.monitoring.metrics_port)
+    recorder = _recorder(config, run_dir)
+    progress = Progress(config)
+    library = learner = pool = None
+    library_run = learner_run = None
+    try:
+        if config.library.enabled:
+            library, library_run = _start_library(config, run_dir)
+        learner = LearnerProcess.options(num_cpus=1, num_gpus=config.learner.num_gpus,
+                                         resources=dict(config.learner.resources) or None).remote(config.model_dump(mode="json"))
+        learner_run = learner.run.remote()
+        pool = ActorPool(config, config.redis.url)
+        pool.scale(config.actors.num_workers)
+        with Live(console=console, refresh_per_second=1, transient=False) as live:
+            while True:
+                done, _ = ray.wait([learner_run], timeout=POLL_S)
+                pool.supervise()
+                lags = {name: group.lag for name, group in group_stats(client, stream).items()}
+                trim_acknowledged(client, stream, list(STREAM_GROUPS) if config.library.enabled else ["learner"])
+                stats = ray.get(library.stats.remote()) if library is not None else None
+                for metrics in ray.get(learner.drain_metrics.remote()):
+                    progress.add_step(metrics)
+                    recorder.record(metrics["learner_step"], run_metrics(metrics, lags, stats))
+                live.update(progress.table(pool.summaries(), lags.get("learner", 0), stats))
+                if done:
+                    ray.get(learner_run)  # surfaces a learner failure
+                    break
+        console.print(f"[green]done[/]: {progress.latest.get('learner_step', 0)} learner steps, "
+                      f"policy version {progress.latest.get('policy_version', 0)}; outputs in {run_dir}")
+        return 0
+    except KeyboardInterrupt:
+        console.print("[yellow]stopping: actors finish their groups, the learner checkpoints, the library snapshots "
+                      "(Ctrl-C again to exit at once)[/]")
+        return 130
+    finally:
+        _shutdown(pool, learner, learner_run, library, library_run, recorder)
+        ray.shutdown()
         client.close()
-    console.print("[yellow]the actor pool, learner loop and library consumer are not wired into `slea train` yet "
-                  "(issues 6 and 7): services checked, nothing trained[/]")
-    return 0
+
+
+def _start_library(config: SleaConfig, run_dir):
+    from library.process import LibraryProcess
+    from library.service import start_serve_app
+
+    library = LibraryProcess.options(num_cpus=1, resources=dict(config.library.resources) or None).remote(
+        config.model_dump(mode="json"), config.redis.url, str(run_dir))
+    ray.get(library.stats.remote())  # the writer has published its first snapshot: replicas can start
+    run = library.run.remote()
+    start_serve_app(config, config.redis.url)
+    return library, run
+
+
+def _recorder(config: SleaConfig, run_dir):
+    from slea.run_outputs import RunRecorder
+
+    return RunRecorder(run_dir, tensorboard=config.monitoring.tensorboard, plots=config.monitoring.plots)
+
+
+def _shutdown(pool, learner, learner_run, library, library_run, recorder) -> None:
+    """Graceful order: no new groups -> learner checkpoint -> library snapshot -> Serve down."""
+    if pool is not None:
+        pool.stop()
+    if learner is not None:
+        learner.stop.remote()
+        ray.wait([learner_run], timeout=600)
+        for metrics in ray.get(learner.drain_metrics.remote()):
+            recorder.record(metrics["learner_step"], run_metrics(metrics, {}, None))
+    if library is not None:
+        library.stop.remote()
+        ray.wait([library_run], timeout=300)
+        from ray import serve
+
+        serve.shutdown()
+    recorder.close()
