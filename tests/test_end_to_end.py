@@ -1,0 +1,56 @@
+"""`slea train` end to end on one machine: real Ray, Redis, Serve, DeepSpeed and a tiny model."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from slea.models import tiny_model
+
+pytestmark = pytest.mark.slow
+SLEA = [sys.executable, "-m", "slea.cli"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-policy")
+    model, tokenizer = tiny_model(seed=1)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def train(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    result = subprocess.run([*SLEA, "train", *args], capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_train_writes_a_complete_run_and_resume_continues_the_version_line(tmp_path, tiny_dir):
+    train("configs/local.yaml", "--set", f"run.dir={tmp_path}", "--set", "run.id=e2e", "--set", f"model.name={tiny_dir}",
+          "--set", "model.max_new_tokens=8", "--set", "learner.max_steps=3", "--set", "learner.checkpoint_every=2",
+          "--set", "envs.max_steps=3", "--set", "envs.panel_size=4", "--set", "actors.group_size=2",
+          "--set", "learner.tasks_per_step=1", "--set", "library.snapshot_every=1")
+    run_dir = tmp_path / "e2e"
+    for part in ("config.yaml", "metrics.jsonl", "tensorboard", "plots/success_rate.png", "plots/stream_lag.png",
+                 "plots/library_size.png", "learner/checkpoints/latest", "library/snapshots", "redis"):
+        assert (run_dir / part).exists(), f"run directory lacks {part}"
+    assert list((run_dir / "tensorboard").iterdir()), "no TensorBoard event file"
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["learner/policy_version"] for line in lines] == [1, 2, 3]
+    assert all("actors/success_rate" in line and "stream/lag/learner" in line for line in lines)
+
+    train("--resume", str(run_dir), "--set", "learner.max_steps=5")
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["learner/policy_version"] for line in lines] == [1, 2, 3, 4, 5]  # no gap, no repeat
+    latest = (run_dir / "learner/checkpoints/latest").read_text().strip()
+    assert latest.endswith("5")
+
+
+def test_a_second_run_with_the_same_id_is_refused(tmp_path):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "config.yaml").write_text("{}")
+    result = subprocess.run([*SLEA, "train", "configs/local.yaml", "--set", f"run.dir={tmp_path}", "--set", "run.id=taken"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--resume" in result.stderr.strip().splitlines()[-1]
