@@ -22,8 +22,12 @@ def _config_args(parser: argparse.ArgumentParser, required: bool = False) -> Non
                         help="override a config value, e.g. --set learner.lr=1e-5 (repeatable)")
 
 
-def _print_json(result: dict) -> None:
-    print(json.dumps(result, indent=2, sort_keys=False))
+def _print_result(result: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result, indent=2, sort_keys=False))
+    else:
+        for key, value in result.items():
+            print(f"{key}: {value}")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -49,11 +53,7 @@ def cmd_play(args: argparse.Namespace) -> int:
         apply_override(params, *parse_override(item))
     result = play(args.env, policy=args.policy, episodes=args.episodes, seed=args.seed, params=params,
                   max_steps=args.max_steps)
-    if args.json:
-        _print_json(result)
-    else:
-        for key, value in result.items():
-            print(f"{key}: {value}")
+    _print_result(result, args.json)
     return 0
 
 
@@ -81,11 +81,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         print(f"slea bench {args.target}: not built yet (see the open issues)", file=sys.stderr)
         return 2
-    if args.json:
-        _print_json(result)
-    else:
-        for key, value in result.items():
-            print(f"{key}: {value}")
+    _print_result(result, args.json)
     return 0
 
 
@@ -116,7 +112,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"slea eval: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        _print_json(report.report)
+        _print_result(report.report, as_json=True)
     else:
         print(report.files["markdown"].read_text())
         print("report files: " + ", ".join(str(path) for path in report.files.values()))

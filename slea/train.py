@@ -95,6 +95,14 @@ class Progress:
                 _, task_type, what = key.split("/")
                 self.successes[task_type][0 if what == "successes" else 1] += int(value)
 
+    def log_line(self, line: dict) -> str:
+        success = line.get("actors/success_rate")
+        return (f"step {self.latest.get('learner_step', 0)}/{self.config.learner.max_steps} "
+                f"version {self.latest.get('policy_version', 0)} "
+                f"success {'-' if success is None else f'{success:.2f}'} "
+                f"loss {self.latest.get('loss', 0.0):.4f} lag {line.get('stream/lag/learner', 0)} "
+                f"{self.seconds_per_step:.1f} s/step")
+
     def table(self, pool: list[dict], lag: int, library: dict | None) -> Table:
         cfg = self.config
         table = Table(title=f"slea train: {cfg.run.id} ({cfg.run.preset})", show_header=False)
@@ -173,7 +181,10 @@ def _run(config: SleaConfig, run_dir, console: Console) -> int:
                 stats = ray.get(library.stats.remote()) if library is not None else None
                 for metrics in ray.get(learner.drain_metrics.remote()):
                     progress.add_step(metrics)
-                    recorder.record(metrics["learner_step"], run_metrics(metrics, lags, stats))
+                    line = run_metrics(metrics, lags, stats)
+                    recorder.record(metrics["learner_step"], line)
+                    if not console.is_terminal:  # logs (CI, kubectl logs) get one line per step instead
+                        console.print(progress.log_line(line))
                 live.update(progress.table(pool.summaries(), lags.get("learner", 0), stats))
                 if done:
                     ray.get(learner_run)  # surfaces a learner failure

@@ -29,3 +29,15 @@ def redis_client(redis_url) -> redis.Redis:
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A checkpoint directory of the tiny test policy (loadable by name like any model)."""
+    from slea.models import tiny_model
+
+    path = tmp_path_factory.mktemp("tiny-policy")
+    model, tokenizer = tiny_model(seed=1)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -6,19 +6,9 @@ import sys
 
 import pytest
 
-from slea.models import tiny_model
 
 pytestmark = pytest.mark.slow
 SLEA = [sys.executable, "-m", "slea.cli"]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-policy")
-    model, tokenizer = tiny_model(seed=1)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def train(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -27,8 +17,8 @@ def train(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return result
 
 
-def test_train_writes_a_complete_run_and_resume_continues_the_version_line(tmp_path, tiny_dir):
-    train("configs/local.yaml", "--set", f"run.dir={tmp_path}", "--set", "run.id=e2e", "--set", f"model.name={tiny_dir}",
+def test_train_writes_a_complete_run_and_resume_continues_the_version_line(tmp_path, tiny_model_dir):
+    train("configs/local.yaml", "--set", f"run.dir={tmp_path}", "--set", "run.id=e2e", "--set", f"model.name={tiny_model_dir}",
           "--set", "model.max_new_tokens=8", "--set", "learner.max_steps=3", "--set", "learner.checkpoint_every=2",
           "--set", "envs.max_steps=3", "--set", "envs.panel_size=4", "--set", "actors.group_size=2",
           "--set", "learner.tasks_per_step=1", "--set", "library.snapshot_every=1")

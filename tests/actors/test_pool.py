@@ -27,18 +27,9 @@ def ray_cluster():
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    model, tokenizer = tiny_model(seed=1)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-def pool_config(run_id, tiny_dir, *extra):
+def pool_config(run_id, tiny_model_dir, *extra):
     return load_config(None, [
-        f"run.id={run_id}", f"model.name={tiny_dir}", "model.max_new_tokens=6", "model.max_prompt_tokens=1024",
+        f"run.id={run_id}", f"model.name={tiny_model_dir}", "model.max_new_tokens=6", "model.max_prompt_tokens=1024",
         "envs.name=alfworld", "envs.params.difficulty=easy", "envs.budgets=[2,3]", "envs.panel_size=4",
         "actors.num_workers=2", "actors.envs_per_worker=4", "actors.group_size=4", "actors.ab_groups=true",
         "actors.num_cpus=0.5", "actors.retrieval_mode=none", *extra,
@@ -65,8 +56,8 @@ def episodes_of(records):
     return episodes
 
 
-def test_pool_plays_groups_into_the_stream(ray_cluster, redis_url, tiny_dir):
-    config = pool_config("pool-groups", tiny_dir)
+def test_pool_plays_groups_into_the_stream(ray_cluster, redis_url, tiny_model_dir):
+    config = pool_config("pool-groups", tiny_model_dir)
     client = redis.Redis.from_url(redis_url)
     pool = ActorPool(config, redis_url)
     pool.scale(2)
@@ -91,8 +82,8 @@ def test_pool_plays_groups_into_the_stream(ray_cluster, redis_url, tiny_dir):
         assert [flag for _e, flag in sorted(members)] == [False] * 4
 
 
-def test_ab_groups_split_with_and_without_experience(ray_cluster, redis_url, tiny_dir):
-    config = pool_config("pool-ab", tiny_dir, "actors.retrieval_mode=step", "actors.retrieval_timeout_s=0.2",
+def test_ab_groups_split_with_and_without_experience(ray_cluster, redis_url, tiny_model_dir):
+    config = pool_config("pool-ab", tiny_model_dir, "actors.retrieval_mode=step", "actors.retrieval_timeout_s=0.2",
                          "actors.num_workers=1")
     client = redis.Redis.from_url(redis_url)
     pool = ActorPool(config, redis_url)
@@ -110,8 +101,8 @@ def test_ab_groups_split_with_and_without_experience(ray_cluster, redis_url, tin
             assert [members[k] for k in sorted(members)] == [True, True, False, False]
 
 
-def test_published_weights_reach_the_next_steps(ray_cluster, redis_url, tiny_dir):
-    config = pool_config("pool-weights", tiny_dir, "actors.num_workers=1")
+def test_published_weights_reach_the_next_steps(ray_cluster, redis_url, tiny_model_dir):
+    config = pool_config("pool-weights", tiny_model_dir, "actors.num_workers=1")
     client = redis.Redis.from_url(redis_url)
     pool = ActorPool(config, redis_url)
     pool.scale(1)
@@ -131,8 +122,8 @@ def test_published_weights_reach_the_next_steps(ray_cluster, redis_url, tiny_dir
     ray.kill(ray.get_actor(f"slea-weights-{config.run.id}", namespace=RAY_NAMESPACE))
 
 
-def test_killed_worker_leaves_no_half_episode_and_the_pool_refills(ray_cluster, redis_url, tiny_dir):
-    config = pool_config("pool-kill", tiny_dir, "actors.num_workers=1", "envs.budgets=[6]")
+def test_killed_worker_leaves_no_half_episode_and_the_pool_refills(ray_cluster, redis_url, tiny_model_dir):
+    config = pool_config("pool-kill", tiny_model_dir, "actors.num_workers=1", "envs.budgets=[6]")
     client = redis.Redis.from_url(redis_url)
     pool = ActorPool(config, redis_url)
     pool.scale(1)
