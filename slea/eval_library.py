@@ -31,12 +31,10 @@ def _client(config: SleaConfig, handle) -> RetrievalClient:
                            timeout_s=max(config.actors.retrieval_timeout_s, EVAL_RETRIEVAL_TIMEOUT_S), handle=handle)
 
 
-def _running_app(address: str):
-    """The handle of the library app on the cluster at `address`, or None if it is not running there."""
-    import ray
+def _running_app():
+    """The handle of the library app on the connected Ray cluster, or None if it is not running there."""
     from ray import serve
 
-    ray.init(address=address, namespace=RAY_NAMESPACE, ignore_reinit_error=True, log_to_driver=False)
     application = serve.status().applications.get(LIBRARY_APP)
     if application is None or application.status != "RUNNING":  # ApplicationStatus is a str enum
         return None
@@ -80,20 +78,34 @@ def eval_library(config: SleaConfig, run_dir: Path | None) -> Iterator[tuple[Ret
     if not config.library.enabled:
         yield None, "none: this run's config has library.enabled false (preset grpo)"
         return
-    if config.ray.address:
-        handle = _running_app(config.ray.address)
-        if handle is not None:
+    import ray
+
+    if config.ray.address or ray.is_initialized():
+        # A cluster (or this process's own Ray, e.g. inside `slea train`): use its app or report its
+        # absence; never deploy or shut down Serve on Ray this evaluation did not start.
+        where = config.ray.address or "this process's Ray"
+        connected_here = not ray.is_initialized()
+        if connected_here:
+            ray.init(address=config.ray.address, namespace=RAY_NAMESPACE, log_to_driver=False)
+        try:
+            handle = _running_app()
+            if handle is None:
+                yield None, (f"unavailable: no running '{LIBRARY_APP}' app on {where}; start the run's library "
+                             "there, or evaluate without ray.address to serve the run's snapshot locally")
+                return
             client = _client(config, handle)
             try:
-                yield client, f"app '{LIBRARY_APP}' running on the Ray cluster at {config.ray.address}"
+                yield client, f"app '{LIBRARY_APP}' running on {where}"
             finally:
                 client.close()
-            return
+        finally:
+            if connected_here:
+                ray.shutdown()  # disconnects this driver; the cluster and its apps keep running
+        return
     snapshot = _latest_snapshot(run_dir) if run_dir is not None else None
     if snapshot is None:
         where = f"run directory {run_dir} has no library snapshot" if run_dir is not None else "no run directory given"
-        cluster = f"; no '{LIBRARY_APP}' app on {config.ray.address}" if config.ray.address else ""
-        yield None, (f"unavailable ({where}{cluster}): evaluate a run directory or checkpoint of a run with a library "
+        yield None, (f"unavailable ({where}): evaluate a run directory or checkpoint of a run with a library "
                      f"snapshot, or set ray.address to a cluster serving '{LIBRARY_APP}'")
         return
     header = json.loads(snapshot.read_text().split("\n", 1)[0])

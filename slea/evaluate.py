@@ -53,10 +53,8 @@ def resolve_policy(model_or_checkpoint: str) -> PolicySource:
     if (path / "state.json").is_file() and (path / "hf").is_dir():
         checkpoint = path
     elif (path / "latest").is_file() or (path / CHECKPOINTS / "latest").is_file() or (path / "config.yaml").is_file():
-        from learner.checkpoint import latest_checkpoint
-
         root = path if (path / "latest").is_file() else path / CHECKPOINTS
-        checkpoint = latest_checkpoint(root)
+        checkpoint = _latest_checkpoint(root)
         if checkpoint is None:
             raise FileNotFoundError(f"{path} has no complete learner checkpoint yet (looked for {root / 'latest'}); "
                                     "evaluate it after its first checkpoint, or give a model name")
@@ -65,6 +63,16 @@ def resolve_policy(model_or_checkpoint: str) -> PolicySource:
     state = json.loads((checkpoint / "state.json").read_text())
     run_dir = checkpoint.parents[2] if checkpoint.parent.parent.name == CHECKPOINTS.parts[0] else None
     return PolicySource(str(checkpoint / "hf"), checkpoint, int(state["version"]), run_dir)
+
+
+def _latest_checkpoint(root: Path) -> Path | None:
+    """The checkpoint `root/latest` names, if complete. Read here rather than imported from
+    learner.checkpoint, which loads DeepSpeed (seconds, and a banner on stdout that breaks --json)."""
+    pointer = root / "latest"
+    if not pointer.is_file():
+        return None
+    checkpoint = root / pointer.read_text().strip()
+    return checkpoint if (checkpoint / "state.json").is_file() else None
 
 
 def eval_config(source: PolicySource, config_file: str | None, overrides: list[str]) -> SleaConfig:

@@ -66,6 +66,12 @@ def series(entries: list[dict], prefix: str) -> dict[str, tuple[list[int], list[
     return dict(sorted(found.items()))
 
 
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as handle:
+        handle.seek(-1, 2)
+        return handle.read(1)
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -111,7 +117,11 @@ class RunRecorder:
         self.plots = plots
         self.plot_every = plot_every
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.run_dir / METRICS_FILE, "a")
+        path = self.run_dir / METRICS_FILE
+        torn = path.is_file() and path.stat().st_size > 0 and _last_byte(path) != b"\n"
+        self._file = open(path, "a")
+        if torn:  # a crash mid-line: end it, so the resumed run's first line is not glued onto it
+            self._file.write("\n")
         self._writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter

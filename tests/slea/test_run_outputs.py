@@ -1,0 +1,64 @@
+"""A run's outputs: JSON lines per learner step, TensorBoard events, PNG plots, learning curves."""
+
+import json
+
+import pytest
+from matplotlib.image import imread
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from slea.run_outputs import RunRecorder, plot_learning_curves, read_metrics, series
+
+
+def step_metrics(step: int) -> dict:
+    return {"actors/success_rate": step / 10, "actors/success_rate/pick": step / 20, "actors/success_rate/clean": 0.1,
+            "actors/episode_length": 20 - step, "library/size/strategy": 3 * step, "library/size/warning": step,
+            "stream/lag/learner": 100 - step, "stream/lag/library": 5, "learner/loss": 0.5, "run/preset": "slea"}
+
+
+def assert_png(path):
+    image = imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_recorder_writes_lines_tensorboard_and_plots(tmp_path):
+    with RunRecorder(tmp_path, plot_every=2) as recorder:
+        for step in range(1, 5):
+            recorder.record(step, step_metrics(step))
+        lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+        assert [line["step"] for line in lines] == [1, 2, 3, 4]
+        assert lines[2]["library/size/strategy"] == 9 and lines[0]["run/preset"] == "slea" and lines[0]["time"] > 0
+        assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+            "episode_length.png", "library_size.png", "stream_lag.png", "success_rate.png"]  # drawn at step 2 and 4
+    for png in (tmp_path / "plots").iterdir():
+        assert_png(png)
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert "actors/success_rate/pick" in events.Tags()["scalars"] and "run/preset" not in events.Tags()["scalars"]
+    assert [(e.step, e.value) for e in events.Scalars("stream/lag/learner")] == [(1, 99), (2, 98), (3, 97), (4, 96)]
+
+
+def test_a_resumed_run_appends_and_later_lines_win(tmp_path):
+    with RunRecorder(tmp_path, tensorboard=False, plots=False) as recorder:
+        for step in (1, 2, 3):
+            recorder.record(step, {"eval/success_rate": 0.1 * step})
+    with open(tmp_path / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 4, "eval/succ')  # torn by a crash mid-write
+    with RunRecorder(tmp_path, tensorboard=False, plots=False) as recorder:  # resumed from the step-2 checkpoint
+        recorder.record(3, {"eval/success_rate": 0.5})
+        recorder.record(4, {"eval/success_rate": 0.6})
+    assert series(read_metrics(tmp_path), "eval/success_rate") == {"eval/success_rate": ([1, 2, 3, 4], [0.1, 0.2, 0.5, 0.6])}
+    assert not (tmp_path / "plots").exists() and not (tmp_path / "tensorboard").exists()
+
+
+def test_learning_curves_compare_runs_on_held_out_success(tmp_path):
+    for label, rate in (("slea", 0.2), ("grpo", 0.1)):
+        with RunRecorder(tmp_path / label, tensorboard=False, plots=False) as recorder:
+            for step in range(0, 30, 10):
+                recorder.record(step, {"eval/success_rate": rate * step / 10, "learner/loss": 1.0})
+                recorder.record(step + 1, {"learner/loss": 0.9})  # steps without an evaluation
+    out = plot_learning_curves({"SLEA": tmp_path / "slea", "GRPO": tmp_path / "grpo"}, tmp_path / "curves.png")
+    assert_png(out)
+    with RunRecorder(tmp_path / "empty", tensorboard=False, plots=False) as recorder:
+        recorder.record(1, {"learner/loss": 1.0})
+    with pytest.raises(ValueError, match="no 'eval/success_rate'"):
+        plot_learning_curves({"empty": tmp_path / "empty"}, tmp_path / "none.png")
