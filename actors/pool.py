@@ -55,7 +55,7 @@ class ActorWorkerProcess:
         return False
 
     async def stop(self) -> dict:
-        """Finish the groups in flight, start no new ones, return the worker's summary."""
+        """Start no new groups, abandon the ones in flight, return the worker's summary."""
         self.worker.stop()
         if self._run is not None:
             await self._run
@@ -87,7 +87,7 @@ class ActorPool:
         return options
 
     def scale(self, num_workers: int) -> None:
-        """Add or remove workers to reach `num_workers` (removed ones finish their groups first)."""
+        """Add or remove workers to reach `num_workers` (removed ones mark their episodes abandoned)."""
         while len(self.workers) < num_workers:
             index = self._next_index
             self._next_index += 1

@@ -30,7 +30,7 @@ from actors.episode import EpisodeResult, EpisodeSpec, StepTimers, play_episode
 from actors.prompts import PromptBuilder
 from actors.retrieval_client import RetrievalClient
 from monitoring.metrics import metric
-from slea.channels import inflight_key
+from slea.channels import inflight_key, sync_claims_key
 from slea.config import SleaConfig
 from slea.records import StepRecord
 from slea.stream_admin import group_stats
@@ -38,6 +38,7 @@ from slea.streams import StreamProducer
 
 FLUSH_INTERVAL_S = 0.05
 GATE_CHECK_S = 1.0
+SYNC_CHECK_S = 0.05  # synchronous mode polls for the next version this often: its waits are what it measures
 
 
 @dataclass
@@ -79,7 +80,11 @@ class ActorWorker:
         self._outbox: list[StepRecord] = []
         self._inflight_key = inflight_key(config.run.id, worker_index)
         self._stopping = asyncio.Event()
+        self._running: set[asyncio.Task] = set()  # one task per group in flight
         self._label = str(worker_index)
+        self._sync_full_version = -1  # synchronous mode: newest version whose groups are all claimed
+        if config.actors.synchronous and weights is None:
+            raise ValueError("actors.synchronous needs a weight subscriber: the worker waits for each new version")
         template_env = self._new_env()
         panel = panel_tasks(template_env, config.envs.eval_panel, size=config.envs.panel_size)
         self._tasks = TaskSampler(template_env, seed=self._rng.getrandbits(31), held_out=panel)
@@ -137,13 +142,13 @@ class ActorWorker:
         flusher = asyncio.create_task(self._flush_loop())
         syncer = asyncio.create_task(self._weights_loop()) if self.weights is not None else None
         capacity = max(self.config.actors.envs_per_worker, self.config.actors.group_size)
-        running: set[asyncio.Task] = set()
+        running = self._running
         slots = asyncio.Semaphore(self.config.actors.envs_per_worker)
         try:
             while not self._stopping.is_set() and (max_groups is None or self.stats.groups_started < max_groups):
                 if len(running) * self.config.actors.group_size + self.config.actors.group_size > capacity:
                     await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                    running = {task for task in running if not task.done()}
+                    running.difference_update([task for task in running if task.done()])
                     continue
                 if not await self._gate_open():
                     continue
@@ -151,7 +156,7 @@ class ActorWorker:
                 self.stats.groups_started += 1
                 running.add(asyncio.create_task(self._play_group(specs, slots)))
             if running:
-                await asyncio.gather(*running)
+                await asyncio.gather(*running, return_exceptions=True)
         finally:
             for task in running:
                 task.cancel()
@@ -164,8 +169,11 @@ class ActorWorker:
         return self.stats
 
     def stop(self) -> None:
-        """Start no new groups; the run loop returns when the groups in flight finish."""
+        """Start no new groups and cut the ones in flight short: their episodes are marked abandoned
+        (the learner and library drop them), so stopping never waits for a slow generation."""
         self._stopping.set()
+        for task in self._running:
+            task.cancel()
 
     async def _play_group(self, specs: list[EpisodeSpec], slots: asyncio.Semaphore) -> None:
         for spec in specs:
@@ -221,6 +229,8 @@ class ActorWorker:
 
     async def _gate_open(self) -> bool:
         """False (after waiting a moment) while stale or while the learner lags too far behind."""
+        if self.config.actors.synchronous:
+            return await self._sync_slot_claimed()
         reason = None
         if self.weights is not None:
             lag = self.weights.learner_version - self.engine.policy_version
@@ -237,6 +247,24 @@ class ActorWorker:
         await asyncio.sleep(GATE_CHECK_S)
         self.stats.throttled_s += GATE_CHECK_S
         metric("actor_throttled_seconds_total").labels(worker=self._label, reason=reason).inc(GATE_CHECK_S)
+        return False
+
+    async def _sync_slot_claimed(self) -> bool:
+        """Synchronous mode: start a group only on the learner's newest weights and only as one of the
+        first `learner.tasks_per_step` groups of that version (a pool-wide count in Redis); otherwise
+        wait for the next version. Actors then idle while the learner trains, and the learner gets
+        exactly one full batch per version: the no-overlap baseline of `slea bench async`."""
+        await self.weights.poll(self.engine)  # do not wait for the weights loop's next tick
+        version = self.weights.learner_version
+        if version != self._sync_full_version and self.weights.current_version(self.engine) == version:
+            claims_key = sync_claims_key(self.config.run.id)
+            claimed = await asyncio.to_thread(self.client.hincrby, claims_key, str(version), 1)
+            if claimed <= self.config.learner.tasks_per_step:
+                return True
+            self._sync_full_version = version
+        await asyncio.sleep(SYNC_CHECK_S)
+        self.stats.throttled_s += SYNC_CHECK_S
+        metric("actor_throttled_seconds_total").labels(worker=self._label, reason="synchronous").inc(SYNC_CHECK_S)
         return False
 
     def summary(self) -> dict:

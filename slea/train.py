@@ -193,7 +193,7 @@ def _run(config: SleaConfig, run_dir, console: Console) -> int:
                       f"policy version {progress.latest.get('policy_version', 0)}; outputs in {run_dir}")
         return 0
     except KeyboardInterrupt:
-        console.print("[yellow]stopping: actors finish their groups, the learner checkpoints, the library snapshots "
+        console.print("[yellow]stopping: actors abandon the groups in flight, the learner checkpoints, the library snapshots "
                       "(Ctrl-C again to exit at once)[/]")
         return 130
     finally:
