@@ -34,10 +34,26 @@ def init_distributed() -> tuple[int, int]:
     if not dist.is_initialized():
         for name, default in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
             os.environ.setdefault(name, default)
-        if "MASTER_PORT" not in os.environ:
-            os.environ["MASTER_PORT"] = str(_free_port())
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if os.environ["WORLD_SIZE"] != "1":  # launched by torchrun / a multi-rank launcher: use its rendezvous
+            deepspeed.init_distributed(dist_backend=backend)
+        else:
+            _init_single_process(backend)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _init_single_process(backend: str, attempts: int = 3) -> None:
+    """A lone learner rendezvouses with itself on a fresh loopback port. Never a MASTER_PORT
+    inherited from a parent process (that port may still be held there), and another pick if
+    the port was taken between choosing and binding it."""
+    for attempt in range(attempts):
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(_free_port())
+        try:
+            deepspeed.init_distributed(dist_backend=backend)
+            return
+        except dist.DistNetworkError:
+            if attempt == attempts - 1:
+                raise
 
 
 def _free_port() -> int:

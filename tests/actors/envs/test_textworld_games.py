@@ -11,14 +11,6 @@ from actors.envs.tasks import TaskSampler, panel_tasks
 from actors.envs.textworld_games import TASK_TYPES, clean_feedback, compiled_game
 
 
-@pytest.fixture(scope="module", autouse=True)
-def private_cache(tmp_path_factory):
-    """Games compile into a fresh cache dir, so the tests exercise generation and compilation."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SLEA_CACHE_DIR", str(tmp_path_factory.mktemp("slea-cache")))
-        yield
-
-
 @pytest.fixture(scope="module")
 def easy_env():
     env = make_env("textworld", params={"difficulty": "easy"})
