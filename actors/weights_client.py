@@ -30,6 +30,10 @@ class WeightSubscriber:
                 return None
         return self._registry
 
+    def current_version(self, engine: GenerationEngine) -> int:
+        """The version the engine's next generation uses (staged weights are applied before it)."""
+        return max(engine.policy_version, self._staged_version)
+
     async def poll(self, engine: GenerationEngine) -> bool:
         """Stage the newest published weights if they are newer than the engine's; True if staged."""
         registry = self._find_registry()
@@ -37,7 +41,7 @@ class WeightSubscriber:
             return False
         try:
             self.learner_version = max(self.learner_version, await registry.latest_version.remote())
-            latest = await registry.get_latest.remote(max(engine.policy_version, self._staged_version) + 1)
+            latest = await registry.get_latest.remote(self.current_version(engine) + 1)
         except ray.exceptions.RayActorError:  # registry restarting: find it again next time
             self._registry = None
             return False

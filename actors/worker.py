@@ -4,7 +4,8 @@ The worker launches task groups (the same task G times, optionally A/B and budge
 plays their episodes as asyncio tasks sharing one batched engine and one batched retrieval
 client, and XADDs every step as it happens. It does not start new groups while its weights are
 more than `max_staleness` versions behind the learner, or while the learner's stream lag is
-over `redis.max_lag`; it never waits for an update to finish.
+over `redis.max_lag`; it never waits for an update to finish (except in `actors.synchronous`
+mode, the no-overlap baseline that `slea bench async` compares against).
 
 Every episode in flight is listed in a Redis hash, so a worker that is restarted (or removed
 from the pool) leaves no half episode that could pass for a complete one: its successor writes

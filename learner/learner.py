@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,9 +88,13 @@ class Learner:
         self.version = state.version
         published = self.publisher.latest_version()
         if published >= self.version:
-            # Versions after the checkpoint were published before a crash: continue after them.
-            self.version = published + 1
-        self.publisher.publish(self.version, self.trainer.full_state_dict())
+            # A learner restarted inside a live run: the registry already serves weights at least as new
+            # as the checkpoint (versions published after it died with the crash). Continue the line right
+            # after them, so no version repeats and none is skipped; actors keep those weights one step.
+            self.version = published
+        else:
+            self.publisher.publish(self.version, self.trainer.full_state_dict())
+        self.trace_path = self.checkpoint_root.parent / "trained_groups.jsonl"
 
     def poll(self, block_ms: int | None = None) -> None:
         """Read one batch of deliveries into the assembler; acknowledge what is dropped."""
@@ -109,6 +114,7 @@ class Learner:
         self.version += 1
         self.unacked += [entry for group in groups for entry in group.entry_ids]
         self.publisher.publish(self.version, self.trainer.full_state_dict())
+        self._trace(groups)
         if self.learner_step % self.cfg.learner.checkpoint_every == 0:
             self.checkpoint()
         counters = self.assembler.counters
@@ -137,6 +143,18 @@ class Learner:
         )
         export_step_metrics(metrics)
         return StepResult(metrics=metrics, group_ids=[group.group_id for group in groups])
+
+    def _trace(self, groups: list[ReadyGroup]) -> None:
+        """Append which groups this step trained on, right after publishing and before the checkpoint.
+
+        An audit trail across crashes (tests/test_fault_tolerance.py): a line whose learner_step is not
+        above the previous line's marks a restart from a checkpoint, which rolls back the later lines.
+        """
+        self.trace_path.parent.mkdir(parents=True, exist_ok=True)
+        line = {"learner_step": self.learner_step, "policy_version": self.version, "at": time.time(),
+                "group_ids": [group.group_id for group in groups]}
+        with self.trace_path.open("a") as trace:
+            trace.write(json.dumps(line) + "\n")
 
     def _samples(self, groups: list[ReadyGroup]) -> tuple[list[TrainSample], dict]:
         records = [record for group in groups for record in group.records]

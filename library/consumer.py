@@ -66,7 +66,7 @@ class LibraryWriter:
             self.durable.update(dict.fromkeys(header["applied_episodes"]))
             log.info("library restored from %s (version %d)", restored, library.version)
         self.snapshot_version = library.version
-        self.publisher = Publisher(client, config.run.id)
+        self.publisher = Publisher(client, config.run.id, config.redis.reconnect_max_s)
         self.publisher.start(snapshot_text(library, list(self.durable)))
         self.consumer = StreamConsumer(client, config.stream_key(), group=GROUP, consumer=consumer_name,
                                        dead_letter_key=config.dead_letter_key(), max_deliveries=config.redis.max_deliveries,

@@ -18,6 +18,7 @@ import redis
 
 from library.persistence import load_snapshot_text
 from library.state import DeltaGap, Library
+from slea.redis_conn import with_reconnect
 
 
 def deltas_key(run_id: str) -> str:
@@ -37,35 +38,48 @@ class LibraryNotPublished(RuntimeError):
 
 
 class Publisher:
-    """Writer side: deltas as stream entries, snapshots as one key; trims deltas a snapshot covers."""
+    """Writer side: deltas as stream entries, snapshots as one key; trims deltas a snapshot covers.
 
-    def __init__(self, client: redis.Redis, run_id: str):
+    Every write rides out a Redis restart (reconnect with backoff, as the stream consumers do):
+    the writer's worker thread must not die of an outage. A write repeated after a broken
+    connection is harmless: replicas apply a delta only if its version is newer than theirs.
+    """
+
+    def __init__(self, client: redis.Redis, run_id: str, reconnect_max_s: float = 30.0):
         self.client = client
         self.run_id = run_id
+        self.reconnect_max_s = reconnect_max_s
         self.epoch = uuid.uuid4().hex  # this writer's lifetime
         self._first_since_snapshot: str | None = None  # oldest delta replicas may still need
+
+    def _retry(self, call):
+        return with_reconnect(call, max_wait_s=self.reconnect_max_s)
 
     def start(self, text: str) -> None:
         """Begin an epoch from the writer's restored (or empty) state: old deltas go, the snapshot
         and epoch are replaced together so a replica never pairs one epoch with another's state."""
-        pipe = self.client.pipeline(transaction=True)
-        pipe.delete(deltas_key(self.run_id))
-        pipe.set(snapshot_key(self.run_id), text)
-        pipe.set(epoch_key(self.run_id), self.epoch)
-        pipe.execute()
+        def replace():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.delete(deltas_key(self.run_id))
+            pipe.set(snapshot_key(self.run_id), text)
+            pipe.set(epoch_key(self.run_id), self.epoch)
+            pipe.execute()
+
+        self._retry(replace)
 
     def publish_delta(self, delta: dict) -> str:
-        entry_id = self.client.xadd(deltas_key(self.run_id), {b"d": json.dumps({**delta, "epoch": self.epoch})}).decode()
+        payload = {b"d": json.dumps({**delta, "epoch": self.epoch})}
+        entry_id = self._retry(lambda: self.client.xadd(deltas_key(self.run_id), payload)).decode()
         self._first_since_snapshot = self._first_since_snapshot or entry_id
         return entry_id
 
     def publish_snapshot(self, text: str) -> None:
         """Store the snapshot, then drop deltas older than the previous snapshot's period: a
         replica within one period catches up from deltas, one further behind reloads."""
-        self.client.set(snapshot_key(self.run_id), text)
+        self._retry(lambda: self.client.set(snapshot_key(self.run_id), text))
         keep_from, self._first_since_snapshot = self._first_since_snapshot, None
         if keep_from is not None:
-            self.client.xtrim(deltas_key(self.run_id), minid=keep_from, approximate=False)
+            self._retry(lambda: self.client.xtrim(deltas_key(self.run_id), minid=keep_from, approximate=False))
 
 
 class Follower:

@@ -17,3 +17,9 @@ def inflight_key(run_id: str, worker_index: int) -> str:
     """Redis hash of the episodes an actor worker has in flight (episode id -> abandon marker
     fields), so that a restarted or removed worker's half episodes can be marked abandoned."""
     return f"slea:{run_id}:inflight:{worker_index}"
+
+
+def sync_claims_key(run_id: str) -> str:
+    """Redis hash of groups started per policy version (version -> count) in synchronous mode,
+    shared by all workers so that exactly `learner.tasks_per_step` groups play each version."""
+    return f"slea:{run_id}:sync_claims"

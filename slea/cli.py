@@ -78,6 +78,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from actors.bench import bench_actors
 
         result = bench_actors()
+    elif args.target == "async":
+        from slea.bench_async import bench_async
+
+        result = bench_async(model=args.model) if args.model else bench_async()
     else:
         print(f"slea bench {args.target}: not built yet (see the open issues)", file=sys.stderr)
         return 2
@@ -177,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--records", type=int, default=20_000, help="stream: records to push through")
     bench.add_argument("--producers", type=int, default=4, help="stream: producer processes")
     bench.add_argument("--env", action="append", default=[], help="envs: restrict to these envs (repeatable)")
+    bench.add_argument("--model", default=None, help="async: policy model ('tiny': the random tiny test model; default SmolLM2)")
     bench.set_defaults(func=cmd_bench)
 
     doctor = commands.add_parser("doctor", help="check this machine: Python, torch, Redis, Ray, GPU/vLLM, models")

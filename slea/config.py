@@ -85,6 +85,7 @@ class ActorsConfig(_Section):
     retrieval_timeout_s: float = Field(0.5, gt=0, description="A retrieval slower than this is skipped and counted as a miss.")
     ab_groups: bool = Field(False, description="EDGE A/B groups: first half with experiences, second half without.")
     max_staleness: int = Field(4, ge=0, description="Do not start groups while this many versions behind the learner.")
+    synchronous: bool = Field(False, description="Synchronous baseline: only learner.tasks_per_step groups per policy version, then wait for the next one.")
     num_cpus: float = Field(1.0, gt=0, description="Ray CPUs per actor worker.")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per actor worker.")
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources pinning workers to their pool.")

@@ -140,3 +140,28 @@ def test_killed_worker_leaves_no_half_episode_and_the_pool_refills(ray_cluster, 
         complete = bool(real) and real[-1].done and [r.step for r in real] == list(range(len(real)))
         abandoned = any(r.abandoned for r in steps)
         assert complete != abandoned, f"episode {episode_id} is neither complete nor marked abandoned"
+
+
+def test_synchronous_mode_plays_one_batch_per_version(ray_cluster, redis_url, tiny_model_dir):
+    config = pool_config("pool-sync", tiny_model_dir, "actors.synchronous=true", "learner.tasks_per_step=2")
+    client = redis.Redis.from_url(redis_url)
+    pool = ActorPool(config, redis_url)
+    pool.scale(2)
+
+    def groups_at(version):
+        return {r.group_id for r in stream_records(client, config) if r.policy_version == version and not r.abandoned}
+
+    def done_at(version):
+        return sum(r.done for r in stream_records(client, config) if r.policy_version == version and not r.abandoned)
+
+    assert wait_for(lambda: done_at(0) >= 8)  # the batch of version 0: 2 groups of 4
+    time.sleep(3)  # the workers wait for the learner instead of playing ahead
+    assert len(groups_at(0)) == 2 and done_at(0) == 8
+    publisher = RayWeightPublisher(config.run.id)
+    publisher.publish(1, tiny_model(seed=9)[0].state_dict())
+    publisher.flush()
+    assert wait_for(lambda: done_at(1) >= 8)
+    time.sleep(3)
+    assert len(groups_at(1)) == 2 and done_at(1) == 8
+    pool.stop()
+    ray.kill(ray.get_actor(f"slea-weights-{config.run.id}", namespace=RAY_NAMESPACE))

@@ -76,9 +76,9 @@ def test_restart_after_consuming_before_checkpoint(tmp_path, redis_client, local
     model, tokenizer = tiny_model()
     second = Learner(cfg, redis_client=redis_client, model=model, tokenizer=tokenizer)
     assert second.learner_step == 2  # resumed from the checkpoint of B's step
-    assert second.version == 4  # 3 was published before the crash; the line continues after it
+    assert second.version == 3  # 3 was published before the crash: the line continues right after it
     result = run_until_step(second)
-    assert result.group_ids == ["C"] and result.metrics["policy_version"] == 5
+    assert result.group_ids == ["C"] and result.metrics["policy_version"] == 4  # no gap, no repeat
     for _ in range(5):  # nothing else comes back: A and B were acknowledged with their checkpoint
         second.poll(block_ms=20)
         assert second.step() is None
@@ -86,7 +86,7 @@ def test_restart_after_consuming_before_checkpoint(tmp_path, redis_client, local
     assert redis_client.xpending(cfg.stream_key(), "learner")["pending"] == 0
 
     saved = latest_checkpoint(tmp_path / "restart" / "learner" / "checkpoints")
-    assert saved.name == "v00000005"
+    assert saved.name == "v00000004"
     reloaded = AutoModelForCausalLM.from_pretrained(saved / "hf")
     for name, tensor in reloaded.state_dict().items():
         torch.testing.assert_close(tensor, second.trainer.module.state_dict()[name])

@@ -1,0 +1,220 @@
+"""Fault tolerance end to end (issue 7, item 5), with the real components driven as `slea train`
+drives them (Redis with AOF, Ray, the library writer and its Serve app, the learner, the actor
+pool, a tiny model), so that each can be killed on purpose while the run goes:
+
+an actor worker (Ray restarts it), the learner (a new LearnerProcess resumes from its checkpoint
+and re-reads its pending entries), the library's Serve replica (Serve replaces it; actors count
+misses meanwhile) and Redis itself (restarted on its AOF). Afterwards the counts must add up:
+every finished episode trained on at most once, nothing acknowledged without its effect being
+durable, abandoned episodes dropped, the policy version line without gap or repeat.
+"""
+
+import json
+import time
+from collections import defaultdict
+
+import pytest
+import ray
+from ray import serve
+
+from actors.pool import ActorPool
+from learner.process import LearnerProcess
+from library.process import LibraryProcess
+from library.service import start_serve_app
+from slea.channels import LIBRARY_APP, RAY_NAMESPACE
+from slea.config import load_config
+from slea.embedded_redis import EmbeddedRedis
+from slea.records import decode
+from slea.redis_conn import connect
+from slea.services import STREAM_GROUPS
+from slea.streams import PAYLOAD_FIELD, ensure_group
+
+pytestmark = pytest.mark.slow
+REDIS_OUTAGE_S = 3.0  # longer than redis-py's own few quick retries: the components' reconnect logic must carry it
+
+
+def entry_key(entry_id: str) -> tuple[int, int]:
+    millis, seq = entry_id.split("-")
+    return int(millis), int(seq)
+
+
+class Run:
+    """The components of one run, started as slea/train.py starts them, plus the levers to break them."""
+
+    def __init__(self, config, run_dir):
+        self.config, self.run_dir = config, run_dir
+        self.as_dict = config.model_dump(mode="json")
+        self.library = LibraryProcess.options(num_cpus=1).remote(self.as_dict, config.redis.url, str(run_dir))
+        ray.get(self.library.stats.remote())  # first snapshot published: replicas can start
+        self.library_run = self.library.run.remote()
+        start_serve_app(config, config.redis.url)
+        self.start_learner()
+        self.pool = ActorPool(config, config.redis.url)
+        self.pool.scale(config.actors.num_workers)
+
+    def start_learner(self) -> None:
+        self.learner = LearnerProcess.options(num_cpus=1).remote(self.as_dict)
+        self.learner_run = self.learner.run.remote()
+
+    def version(self) -> int:
+        return ray.get(self.learner.version.remote())
+
+    def wait(self, predicate, what: str, timeout_s: float = 90) -> None:
+        """Poll `predicate` while supervising the pool (as the driver does); fail naming `what`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.pool.supervise()
+            if predicate():
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+    def retrieval_misses(self) -> int:
+        return sum(summary["retrieval_misses"] for summary in self.pool.summaries())
+
+    def stop(self) -> None:
+        """Graceful order of slea/train.py: no new groups -> learner checkpoint -> library snapshot."""
+        self.pool.stop()
+        self.learner.stop.remote()
+        ray.get(self.learner_run, timeout=120)
+        self.library.stop.remote()
+        ray.get(self.library_run, timeout=120)
+        serve.shutdown()
+
+
+def library_replicas() -> list[str]:
+    return [actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
+            if actor["namespace"] == "serve" and "REPLICA" in actor["name"] and LIBRARY_APP in actor["name"]]
+
+
+def learner_metrics(run) -> list[dict]:
+    path = run.run_dir / "learner" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def lineage(trace: list[dict]) -> list[dict]:
+    """The learner steps whose updates survived: a restart from a checkpoint at step c writes step
+    c+1 again, which rolls back every line of a step > c before it (those updates died unsaved)."""
+    kept: list[dict] = []
+    for line in trace:
+        kept = [earlier for earlier in kept if earlier["learner_step"] < line["learner_step"]]
+        kept.append(line)
+    return kept
+
+
+@pytest.fixture
+def faulty_run(tmp_path, tiny_model_dir):
+    server = EmbeddedRedis(tmp_path / "redis", appendonly=True).start()
+    config = load_config("configs/local.yaml", [
+        f"run.dir={tmp_path}", "run.id=faults", f"redis.url={server.url}", f"model.name={tiny_model_dir}",
+        "model.max_new_tokens=8", "envs.max_steps=3", "envs.panel_size=4", "actors.num_workers=2",
+        "actors.envs_per_worker=2", "actors.group_size=2", "actors.num_cpus=0.5", "actors.max_staleness=1000",
+        "actors.retrieval_timeout_s=0.5", "learner.tasks_per_step=1", "learner.checkpoint_every=2",
+        "learner.max_steps=1000", "learner.max_staleness=1000", "library.snapshot_every=1", "library.http_port=0",
+    ])
+    client = connect(config.redis)
+    for group in STREAM_GROUPS:
+        ensure_group(client, config.stream_key(), group)
+    ray.init(num_cpus=4, namespace=RAY_NAMESPACE, include_dashboard=False, log_to_driver=False)
+    try:
+        yield Run(config, tmp_path / "faults"), server, client
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        client.close()
+        server.stop()
+
+
+def test_killing_every_component_loses_nothing_and_trains_nothing_twice(faulty_run):
+    run, server, client = faulty_run
+    stream = run.config.stream_key()
+    run.wait(lambda: run.version() >= 2, "the first learner steps", timeout_s=150)
+
+    # 1. An actor worker dies mid-episode; Ray restarts it and its successor marks the half episodes.
+    ray.kill(run.pool.workers[0], no_restart=False)
+    run.wait(lambda: any(decode(fields[PAYLOAD_FIELD]).abandoned for _id, fields in client.xrange(stream)),
+             "the restarted worker's abandon markers")
+    run.wait(lambda: any(line["groups_dropped_abandoned"] for line in learner_metrics(run)), "the learner to drop them")
+
+    # 2. The learner dies between checkpoints (every 2 steps: an odd version is published, not saved);
+    # a new one resumes from its checkpoint, re-reads its pending entries and redoes the lost step.
+    run.wait(lambda: run.version() % 2 == 1, "a step published but not yet checkpointed")
+    killed_at = run.version()
+    ray.kill(run.learner)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(run.learner_run, timeout=30)
+    run.start_learner()
+    run.wait(lambda: run.version() >= killed_at + 2, "the restarted learner's steps")
+
+    # 3. The library's Serve replica dies; Serve replaces it, actors go on without experiences meanwhile.
+    old_replicas = library_replicas()
+    misses_before = run.retrieval_misses()
+    ray.kill(ray.get_actor(old_replicas[0], namespace="serve"), no_restart=True)
+    run.wait(lambda: run.retrieval_misses() > misses_before, "retrieval misses while the replica is down")
+    run.wait(lambda: (set(library_replicas()) - set(old_replicas))
+             and serve.status().applications[LIBRARY_APP].status == "RUNNING", "Serve to replace the replica")
+
+    # 4. Redis goes away for a few seconds and comes back from its AOF: nothing written before is
+    # lost, every component reconnects.
+    last_before = client.xrevrange(stream, count=1)[0][0]
+    length_before = client.xlen(stream)
+    server.stop(remove_data=False)
+    time.sleep(REDIS_OUTAGE_S)
+    server.start()
+    assert client.xlen(stream) >= length_before and client.xrange(stream, min=last_before, max=last_before)
+    version_after_restart = run.version()
+    run.wait(lambda: run.version() >= version_after_restart + 2, "learner steps after the Redis restart")
+    run.wait(lambda: client.xlen(stream) > length_before + 20, "actors producing after the Redis restart")
+
+    run.stop()
+    check_the_counts(run, client, stream)
+
+
+def check_the_counts(run, client, stream):
+    learner_dir = run.run_dir / "learner"
+    records = {entry_id.decode(): decode(fields[PAYLOAD_FIELD]) for entry_id, fields in client.xrange(stream)}
+    trace = [json.loads(line) for line in (learner_dir / "trained_groups.jsonl").read_text().splitlines()]
+
+    # The version line: every published step is one more than the step before, across the restart.
+    versions = [line["policy_version"] for line in trace]
+    assert versions == list(range(versions[0], versions[0] + len(versions))), versions
+
+    # Each finished episode trained on at most once by the surviving policy; never an abandoned one.
+    kept = lineage(trace)
+    trained = [group_id for line in kept for group_id in line["group_ids"]]
+    assert len(trained) == len(set(trained)), "a group was trained on twice"
+    steps = defaultdict(dict)  # group id -> episode id -> {step index: record}
+    for record in records.values():
+        if not record.abandoned:
+            steps[record.group_id].setdefault(record.episode_id, {})[record.step] = record
+    complete = {(group_id, episode_id) for group_id, episodes in steps.items() for episode_id, held in episodes.items()
+                if sorted(held) == list(range(len(held))) and held[len(held) - 1].done}
+    abandoned = {record.group_id for record in records.values() if record.abandoned}
+    cut_short = {record.group_id for record in records.values()
+                 if record.abandoned and (record.group_id, record.episode_id) not in complete}
+    assert cut_short and not cut_short & set(trained), "an abandoned episode was trained on"
+    for group_id in trained:
+        assert {(group_id, episode_id) for episode_id in steps[group_id]} <= complete
+        assert len(steps[group_id]) == run.config.actors.group_size
+    # Updates rolled back by the crash were redone from the re-read pending entries.
+    rolled_back = {group_id for line in trace if line not in kept for group_id in line["group_ids"]}
+    assert rolled_back and rolled_back <= set(trained)
+
+    # The final checkpoint holds exactly the surviving steps.
+    checkpoints = learner_dir / "checkpoints"
+    state = json.loads((checkpoints / (checkpoints / "latest").read_text().strip() / "state.json").read_text())
+    assert (state["learner_step"], state["version"]) == (kept[-1]["learner_step"], kept[-1]["policy_version"])
+
+    # Nothing acknowledged without a durable effect: an acked entry belongs to a checkpointed group or
+    # to a deliberately dropped (abandoned) one, and every trained group's entries are acked.
+    info = {group["name"].decode(): group for group in client.xinfo_groups(stream)}
+    delivered_up_to = entry_key(info["learner"]["last-delivered-id"].decode())
+    pending = {entry["message_id"].decode() for entry in client.xpending_range(stream, "learner", "-", "+", 100_000)}
+    acked = {entry_id for entry_id in records if entry_key(entry_id) <= delivered_up_to and entry_id not in pending}
+    assert {records[entry_id].group_id for entry_id in acked} <= set(trained) | abandoned
+    assert all(entry_id in acked for entry_id, record in records.items() if record.group_id in set(trained))
+
+    # The learner counted its drops: abandoned groups, and nothing dropped for any other reason.
+    metrics = learner_metrics(run)
+    assert max(line["groups_dropped_abandoned"] for line in metrics) > 0
+    assert all(line["groups_dropped_stale"] == line["groups_dropped_incomplete"] == 0 for line in metrics)
