@@ -165,3 +165,21 @@ def test_synchronous_mode_plays_one_batch_per_version(ray_cluster, redis_url, ti
     assert len(groups_at(1)) == 2 and done_at(1) == 8
     pool.stop()
     ray.kill(ray.get_actor(f"slea-weights-{config.run.id}", namespace=RAY_NAMESPACE))
+
+
+def test_workers_are_added_and_removed_while_the_pool_runs(ray_cluster, redis_url, tiny_model_dir):
+    config = pool_config("pool-scale", tiny_model_dir, "actors.num_workers=1", "envs.budgets=[6]")
+    client = redis.Redis.from_url(redis_url)
+    pool = ActorPool(config, redis_url)
+    pool.scale(1)
+    assert wait_for(lambda: len(stream_records(client, config)) >= 2)
+    pool.scale(2)  # add one while the first is mid-group
+    assert wait_for(lambda: pool.summaries()[-1]["groups_started"] >= 1)
+    pool.scale(1)  # remove it again: its episodes in flight are marked abandoned
+    assert sorted(pool.workers) == [0]
+    assert wait_for(lambda: len(stream_records(client, config)) >= 12)  # the remaining worker keeps producing
+    pool.stop()
+    for episode_id, steps in episodes_of(stream_records(client, config)).items():
+        real = sorted((r for r in steps if not r.abandoned), key=lambda r: r.step)
+        complete = bool(real) and real[-1].done and [r.step for r in real] == list(range(len(real)))
+        assert complete != any(r.abandoned for r in steps), episode_id
