@@ -77,10 +77,12 @@ async def play_episode(
     result = EpisodeResult(spec, steps=0, success=False, total_reward=0.0, invalid_steps=0)
     retrieved = Retrieved()
     for step in range(spec.step_budget):
+        retrieved_now = False
         if retrieval is not None and spec.with_experience and (spec.retrieval_mode == "step" or step == 0):
             retrieve_started = time.perf_counter()
             retrieved = await retrieval.retrieve(observation.anchor_obs, spec.task.task_type, spec.retrieval_mode)
             timers.retrieval_wait_s += time.perf_counter() - retrieve_started
+            retrieved_now = True
         tick = time.perf_counter()
         prompt_ids, injected = builder.build(history, observation.text, observation.admissible_actions,
                                              retrieved.experiences)
@@ -95,6 +97,8 @@ async def play_episode(
         timers.env_s += after_env - env_started
         done = outcome.done or step == spec.step_budget - 1
         record = _step_record(spec, step, observation.anchor_obs, generation, action, outcome, done, retrieved, injected)
+        if retrieved_now:  # in "task" mode later steps keep step 0's experiences, not its cluster
+            record.anchor_cluster = retrieved.cluster_id
         emit(record)
         if keep_records:
             result.records.append(record)

@@ -27,6 +27,7 @@ class Retrieved:
     experiences: list[Experience] = field(default_factory=list)  # ranked, within the token budget
     library_version: int = -1  # version answered from (-1: no answer)
     hit: bool = False  # the library answered in time
+    cluster_id: str = ""  # the library's cluster of the observation ("" before warm-up or on a miss)
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class RetrievalClient:
         return [
             Retrieved(
                 experiences=[Experience(item["experience_id"], item["zone"], item["text"]) for item in answer["experiences"]],
-                library_version=int(answer["library_version"]), hit=True,
+                library_version=int(answer["library_version"]), hit=True, cluster_id=answer.get("cluster_id") or "",
             )
             for answer in answers
         ]

@@ -47,11 +47,6 @@ class Learner:
     """Owns the policy: trains it from the step stream and publishes each new version."""
 
     def __init__(self, cfg: SleaConfig, *, redis_client=None, model=None, tokenizer=None):
-        if cfg.learner.anchor != "exact":
-            raise ValueError(
-                "learner.anchor='cluster' needs the library's observation cluster key on each StepRecord, "
-                "which the stream does not carry yet; use learner.anchor='exact'"
-            )
         self.cfg = cfg
         if model is None:
             model, tokenizer = load_model(cfg.model.name, cfg.model.dtype)
@@ -163,7 +158,7 @@ class Learner:
             [record.group_id for record in records],
             [record.episode_id for record in records],
             [record.step for record in records],
-            [record.anchor_obs for record in records],
+            anchor_keys(records, cfg.anchor),
             [record.reward for record in records],
             [not record.action_valid for record in records],
             gamma=cfg.gamma, mode=cfg.advantage_mode, episode_stats=cfg.episode_stats,
@@ -237,3 +232,12 @@ def _episode_outcomes(records) -> dict:
             lengths.append(record.step + 1)
     outcomes["episode_length_mean"] = float(np.mean(lengths)) if lengths else 0.0
     return outcomes
+
+
+def anchor_keys(records, anchor: str) -> list[str]:
+    """The anchor state of each row: its exact observation, or with `learner.anchor: cluster` the
+    library cluster the actor retrieved for it (rows without one, e.g. before the library's
+    warm-up, fall back to their exact observation; the prefixes keep the two kinds apart)."""
+    if anchor == "cluster":
+        return [f"cluster:{r.anchor_cluster}" if r.anchor_cluster else f"obs:{r.anchor_obs}" for r in records]
+    return [f"obs:{r.anchor_obs}" for r in records]

@@ -44,6 +44,7 @@ class StepRecord:
     episode_id: str  # one trajectory; (episode_id, step) is the idempotency key
     step: int  # 0-based index of this step within its episode
     anchor_obs: str  # raw env observation the action answered (no template, no history)
+    anchor_cluster: str = ""  # library cluster id of anchor_obs, retrieved at this step ("" if none)
     prompt_ids: np.ndarray = field(default_factory=_empty_ids)  # int32 [P]: exact prompt tokens generated from
     response_ids: np.ndarray = field(default_factory=_empty_ids)  # int32 [R]: exact sampled tokens
     response_logprobs: np.ndarray = field(default_factory=_empty_logprobs)  # float32 [R]: behaviour log-probs
@@ -132,7 +133,7 @@ def decode(blob: bytes) -> StepRecord:
 
 _SCALAR_TYPES = {
     "run_id": str, "task_id": str, "task_type": str, "env_name": str, "group_id": str, "episode_id": str,
-    "step": int, "anchor_obs": str, "action": str, "action_valid": bool, "reward": (int, float), "done": bool,
+    "step": int, "anchor_obs": str, "anchor_cluster": str, "action": str, "action_valid": bool, "reward": (int, float), "done": bool,
     "success": bool, "policy_version": int, "library_version": int, "experience_ids": list,
     "step_budget": int, "with_experience": bool, "abandoned": bool, "created_at": (int, float),
 }

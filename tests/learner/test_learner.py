@@ -108,3 +108,16 @@ def test_run_stops_at_max_steps_with_a_shutdown_checkpoint_and_metrics(tmp_path,
     assert latest_checkpoint(run_dir / "checkpoints").name == "v00000001"  # the shutdown checkpoint
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
     assert redis_client.xpending(cfg.stream_key(), "learner")["pending"] == 0
+
+
+def test_anchor_keys_are_exact_observations_or_library_clusters():
+    from learner.learner import anchor_keys
+    from slea.records import StepRecord
+
+    rows = [StepRecord("r", "t", "k", "alfworld", "g", "e0", 0, "You arrive at countertop 1.", anchor_cluster="c7"),
+            StepRecord("r", "t", "k", "alfworld", "g", "e1", 0, "You arrive at countertop 2.", anchor_cluster="c7"),
+            StepRecord("r", "t", "k", "alfworld", "g", "e2", 0, "You arrive at countertop 1.")]
+    assert anchor_keys(rows, "exact") == ["obs:You arrive at countertop 1.", "obs:You arrive at countertop 2.",
+                                          "obs:You arrive at countertop 1."]
+    # the two countertop states share a library cluster; the row retrieved for nothing keeps its text
+    assert anchor_keys(rows, "cluster") == ["cluster:c7", "cluster:c7", "obs:You arrive at countertop 1."]

@@ -16,6 +16,7 @@ def step_records(draw, max_prompt=300):
     return StepRecord(
         run_id=draw(text), task_id=draw(text), task_type=draw(text), env_name=draw(text),
         group_id=draw(text), episode_id=draw(text), step=draw(st.integers(0, 10_000)), anchor_obs=draw(text),
+        anchor_cluster=draw(text),
         prompt_ids=np.array(draw(st.lists(int32, max_size=max_prompt)), dtype=np.int32),
         response_ids=np.array(draw(st.lists(int32, min_size=response_len, max_size=response_len)), dtype=np.int32),
         response_logprobs=np.array(
