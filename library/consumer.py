@@ -149,6 +149,12 @@ class LibraryWriter:
         if self.failed is None:
             self._snapshot()
 
+    def stop_worker(self) -> None:
+        """Stop the worker thread without applying or snapshotting anything: what a crash leaves
+        behind (entries stay pending for the next writer). `shutdown()` is the graceful stop."""
+        self.windows.put(None)
+        self._worker.join()
+
     def wait_idle(self, timeout_s: float = 60.0) -> None:
         """Block until the worker has applied every window handed to it (tests, benchmarks)."""
         deadline = time.monotonic() + timeout_s

@@ -25,8 +25,21 @@ def config(**library) -> SleaConfig:
     return SleaConfig.model_validate({**values, "library": library_config(**library).model_dump()})
 
 
+_WRITERS: list[LibraryWriter] = []
+
+
 def writer_for(cfg, redis_client, run_dir, embedder, extractor=None):
-    return LibraryWriter(cfg, redis_client, run_dir, Library(cfg.library, embedder), extractor or RulesExtractor())
+    writer = LibraryWriter(cfg, redis_client, run_dir, Library(cfg.library, embedder), extractor or RulesExtractor())
+    _WRITERS.append(writer)
+    return writer
+
+
+@pytest.fixture(autouse=True)
+def stop_writer_threads():
+    """Writers a test left running (crashed ones on purpose) must not outlive their Redis."""
+    yield
+    while _WRITERS:
+        _WRITERS.pop().stop_worker()  # returns at once for a writer already shut down
 
 
 def produce(redis_client, cfg, records):
