@@ -13,3 +13,19 @@ def forward_logprobs(model, prompt_ids, response_ids, temperature: float = 1.0) 
         logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
     targets = torch.tensor(list(response_ids), dtype=torch.long)[:, None]
     return torch.log_softmax(logits, -1).gather(-1, targets).squeeze(-1).numpy()
+
+
+def serve_http_port() -> int:
+    """A free port for Ray Serve's HTTP proxy, between Ray's worker ports (10002-19999) and the
+    ephemeral range Ray's own services bind at random, so Ray starting up cannot take it first."""
+    import random
+    import socket
+
+    for port in random.Random().sample(range(20_000, 32_000), 200):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000")

@@ -1,7 +1,7 @@
 """`slea bench retrieval` end to end with tiny sizes: all three paths answer and the figures add up."""
 
-import socket
 
+from helpers import serve_http_port
 from library.bench import bench_retrieval, build_library
 from library.retrieval import retrieve
 from library_helpers import library_config
@@ -19,9 +19,7 @@ def test_benchmark_library_puts_two_of_each_zone_in_every_cluster(embedder):
 
 
 def test_bench_retrieval_reports_every_path(redis_server):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = serve_http_port()
     result = bench_retrieval(n_experiences=200, n_clusters=100, batch_size=8, batches=10, redis_url=redis_server.url,
                              http_port=port)
     for key in ("inproc_p50_ms", "inproc_miss_p50_ms", "handle_p50_ms", "handle_p99_ms", "http_p50_ms"):

@@ -2,13 +2,13 @@
 
 import http.client
 import json
-import socket
 
 import pytest
 import ray
 import redis
 from ray import serve
 
+from helpers import serve_http_port
 from library.experience import STRATEGY, WARNING
 from library.persistence import snapshot_text
 from library.retrieval import retrieve_batch
@@ -22,18 +22,12 @@ FRIDGE = "You arrive at fridge 1. The fridge 1 is closed."
 SINK = "You arrive at sinkbasin 1. On the sinkbasin 1, you see a sponge 2."
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served(redis_server, embedder):
     """A writer-side library published to Redis, and the app following it on one replica."""
     client = redis.Redis.from_url(redis_server.url)
     client.flushall()
-    lib_values = library_config(http_port=free_port(), max_request_bytes=65_536, max_batch_observations=64,
+    lib_values = library_config(http_port=serve_http_port(), max_request_bytes=65_536, max_batch_observations=64,
                                 max_observation_chars=2000).model_dump()
     config = SleaConfig.model_validate({"run": {"id": "servetest"}, "library": lib_values})
     library = Library(config.library, embedder)

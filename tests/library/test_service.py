@@ -1,26 +1,21 @@
 """`serve_library` as a process: it consumes a run's stream, serves what it learnt over HTTP,
 and on SIGTERM snapshots, acknowledges and exits 0."""
 
+import http.client
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
+from helpers import serve_http_port
 from library.persistence import latest_snapshot, parse_snapshot
 from library_helpers import steps_of
 from slea.config import SleaConfig
 from slea.streams import StreamProducer
 
 KITCHEN = ["You are in the kitchen. You see a fridge 1 and a countertop 1.", "On the countertop 1, you see an apple 1."]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def get(url: str, body: dict | None = None) -> dict:
@@ -30,7 +25,7 @@ def get(url: str, body: dict | None = None) -> dict:
 
 
 def test_serve_library_process(redis_url, redis_client, tmp_path):
-    port = free_port()
+    port = serve_http_port()
     overrides = [f"redis.url={redis_url}", "run.id=svc", f"run.dir={tmp_path}", f"library.http_port={port}",
                  "library.max_replicas=1", "library.warmup_versions=0", "library.warmup_experiences=0", "ray.num_cpus=2"]
     code = ("import sys; from slea.config import load_config; from library.service import serve_library; "
@@ -48,7 +43,7 @@ def test_serve_library_process(redis_url, redis_client, tmp_path):
                 answer = get(f"http://127.0.0.1:{port}/retrieve", {"observation": KITCHEN[0], "task_type": "pick"})
                 if answer["library_version"] >= 1:
                     break
-            except OSError:
+            except (OSError, http.client.HTTPException):  # not up yet, or another local server answered
                 pass
             time.sleep(1)
         assert answer is not None and answer["library_version"] >= 1 and answer["cluster_id"] == "pick/c0", answer
