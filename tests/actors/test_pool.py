@@ -56,6 +56,15 @@ def episodes_of(records):
     return episodes
 
 
+def assert_complete_or_abandoned(records) -> None:
+    """No half episode passes for a complete one: each is contiguous and done, or marked abandoned."""
+    for episode_id, steps in episodes_of(records).items():
+        real = sorted((r for r in steps if not r.abandoned), key=lambda r: r.step)
+        complete = bool(real) and real[-1].done and [r.step for r in real] == list(range(len(real)))
+        abandoned = any(r.abandoned for r in steps)
+        assert complete != abandoned, f"episode {episode_id} is neither complete nor marked abandoned"
+
+
 def test_pool_plays_groups_into_the_stream(ray_cluster, redis_url, tiny_model_dir):
     config = pool_config("pool-groups", tiny_model_dir)
     client = redis.Redis.from_url(redis_url)
@@ -135,11 +144,7 @@ def test_killed_worker_leaves_no_half_episode_and_the_pool_refills(ray_cluster, 
     killed_at = len(stream_records(client, config))
     assert wait_for(lambda: sum(r.done and not r.abandoned for r in stream_records(client, config)[killed_at:]) >= 4)
     pool.stop()
-    for episode_id, steps in episodes_of(stream_records(client, config)).items():
-        real = sorted((r for r in steps if not r.abandoned), key=lambda r: r.step)
-        complete = bool(real) and real[-1].done and [r.step for r in real] == list(range(len(real)))
-        abandoned = any(r.abandoned for r in steps)
-        assert complete != abandoned, f"episode {episode_id} is neither complete nor marked abandoned"
+    assert_complete_or_abandoned(stream_records(client, config))
 
 
 def test_synchronous_mode_plays_one_batch_per_version(ray_cluster, redis_url, tiny_model_dir):
@@ -179,7 +184,4 @@ def test_workers_are_added_and_removed_while_the_pool_runs(ray_cluster, redis_ur
     assert sorted(pool.workers) == [0]
     assert wait_for(lambda: len(stream_records(client, config)) >= 12)  # the remaining worker keeps producing
     pool.stop()
-    for episode_id, steps in episodes_of(stream_records(client, config)).items():
-        real = sorted((r for r in steps if not r.abandoned), key=lambda r: r.step)
-        complete = bool(real) and real[-1].done and [r.step for r in real] == list(range(len(real)))
-        assert complete != any(r.abandoned for r in steps), episode_id
+    assert_complete_or_abandoned(stream_records(client, config))
