@@ -42,7 +42,6 @@ class ActorWorkerProcess:
                                         max_batch=max(cfg.actors.envs_per_worker, 1))
         self.worker = ActorWorker(cfg, worker_index, connect(cfg.redis, redis_url), engine, retrieval,
                                   WeightSubscriber(cfg.run.id, str(worker_index)))
-        self.worker.mark_abandoned()  # a previous incarnation's half episodes, before anything new
         self._run: asyncio.Task | None = None
 
     async def ensure_running(self) -> bool:

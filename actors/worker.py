@@ -138,7 +138,8 @@ class ActorWorker:
     # -- the run loop -----------------------------------------------------------------------------
 
     async def run(self, max_groups: int | None = None) -> WorkerStats:
-        """Play groups until stop() (or `max_groups` groups finished); returns the stats."""
+        """Play groups until stop() (or `max_groups` groups finished); returns the stats. Starts by
+        marking a previous incarnation's half episodes abandoned, before anything new is played."""
         self.mark_abandoned()
         flusher = asyncio.create_task(self._flush_loop())
         syncer = asyncio.create_task(self._weights_loop()) if self.weights is not None else None
