@@ -31,6 +31,7 @@ class EpisodeSpec:
     step_budget: int  # steps before the episode is cut off
     with_experience: bool  # retrieve and inject experiences (False: B half of A/B groups, or grpo)
     retrieval_mode: str  # "step": every step; "task": once at step 0
+    teacher_prompt: bool = False  # EDGE distillation (B half): retrieve, do not show, record the prompt with them
 
 
 @dataclass
@@ -78,26 +79,31 @@ async def play_episode(
     retrieved = Retrieved()
     for step in range(spec.step_budget):
         retrieved_now = False
-        if retrieval is not None and spec.with_experience and (spec.retrieval_mode == "step" or step == 0):
+        if retrieval is not None and (spec.with_experience or spec.teacher_prompt) and (spec.retrieval_mode == "step" or step == 0):
             retrieve_started = time.perf_counter()
             retrieved = await retrieval.retrieve(observation.anchor_obs, spec.task.task_type, spec.retrieval_mode)
             timers.retrieval_wait_s += time.perf_counter() - retrieve_started
             retrieved_now = True
         tick = time.perf_counter()
+        shown = retrieved if spec.with_experience else Retrieved()  # the B half retrieves only for its teacher
         prompt_ids, injected = builder.build(history, observation.text, observation.admissible_actions,
-                                             retrieved.experiences)
+                                             shown.experiences)
+        teacher_ids = []
+        if spec.teacher_prompt and retrieved.experiences:
+            teacher_ids, _ = builder.build(history, observation.text, observation.admissible_actions, retrieved.experiences)
         generate_started = time.perf_counter()
         timers.overhead_s += generate_started - tick
         generation = await engine.generate(prompt_ids)
         env_started = time.perf_counter()
         timers.generation_s += env_started - generate_started
-        action = parse_action(generation.text)
+        action = parse_action(builder.response_prefix + generation.text)
         outcome = env.step(action)
         after_env = time.perf_counter()
         timers.env_s += after_env - env_started
         done = outcome.done or step == spec.step_budget - 1
-        record = _step_record(spec, step, observation.anchor_obs, generation, action, outcome, done, retrieved, injected)
-        if retrieved_now:  # in "task" mode later steps keep step 0's experiences, not its cluster
+        record = _step_record(spec, step, observation.anchor_obs, generation, action, outcome, done, shown, injected)
+        record.teacher_prompt_ids = np.asarray(teacher_ids, dtype=np.int32)
+        if retrieved_now and spec.with_experience:  # in "task" mode later steps keep step 0's experiences, not its cluster
             record.anchor_cluster = retrieved.cluster_id
         emit(record)
         if keep_records:

@@ -40,8 +40,9 @@ class ActorWorkerProcess:
             retrieval = RetrievalClient(k_strategies=cfg.library.k_strategies, k_warnings=cfg.library.k_warnings,
                                         max_tokens=cfg.library.max_tokens, timeout_s=cfg.actors.retrieval_timeout_s,
                                         max_batch=max(cfg.actors.envs_per_worker, 1))
-        self.worker = ActorWorker(cfg, worker_index, connect(cfg.redis, redis_url), engine, retrieval,
-                                  WeightSubscriber(cfg.run.id, str(worker_index)))
+        weights = WeightSubscriber(cfg.run.id, str(worker_index), transport=cfg.learner.weight_transport,
+                                   receiver=ray.get_runtime_context().current_actor)
+        self.worker = ActorWorker(cfg, worker_index, connect(cfg.redis, redis_url), engine, retrieval, weights)
         self._run: asyncio.Task | None = None
 
     async def ensure_running(self) -> bool:
@@ -62,6 +63,17 @@ class ActorWorkerProcess:
 
     def summary(self) -> dict:
         return self.worker.summary()
+
+    # The collective weight transport: the learner calls these (learner/weight_push.py).
+
+    async def join_weight_group(self, host: str, port: int, world_size: int, backend: str, timeout_s: float) -> dict:
+        return await self.worker.engine.join_weight_group(host, port, world_size, backend, timeout_s)
+
+    async def receive_weights(self, plan: list[dict], version: int) -> None:
+        await self.worker.engine.receive_weights(plan, version)
+
+    async def leave_weight_group(self) -> None:
+        await self.worker.engine.leave_weight_group()
 
     def pid(self) -> int:
         import os

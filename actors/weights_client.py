@@ -2,9 +2,18 @@
 
 The registry is a named Ray actor (slea.channels.weight_registry_name) holding the latest
 (version, ObjectRef of a state dict). The engine swaps staged weights in between generations.
+
+With the collective transport (`learner.weight_transport: collective`) and an engine that can
+receive a broadcast (vLLM: `join_weight_group`), the subscriber instead registers this actor
+worker with the registry as a receiver, and the learner pushes every version into the engine
+itself (learner/weight_push.py); polling then only follows the learner's version. Other engines
+(transformers) keep staging from the object store.
 """
 
 from __future__ import annotations
+
+import os
+import uuid
 
 import ray
 
@@ -14,8 +23,12 @@ from slea.channels import RAY_NAMESPACE, weight_registry_name
 
 
 class WeightSubscriber:
-    def __init__(self, run_id: str, worker_label: str = "0", poll_interval_s: float = 0.5):
+    def __init__(self, run_id: str, worker_label: str = "0", poll_interval_s: float = 0.5,
+                 transport: str = "object_store", receiver=None):
         self.run_id = run_id
+        self.transport = transport
+        self.receiver = receiver  # Ray handle of the actor worker the learner pushes to (collective)
+        self.incarnation = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"  # a restarted process is a new receiver
         self.worker_label = worker_label
         self.poll_interval_s = poll_interval_s
         self.learner_version = 0  # latest version the learner has published (0: the initial weights)
@@ -34,6 +47,9 @@ class WeightSubscriber:
         """The version the engine's next generation uses (staged weights are applied before it)."""
         return max(engine.policy_version, self._staged_version)
 
+    def receives_broadcast(self, engine: GenerationEngine) -> bool:
+        return self.transport == "collective" and self.receiver is not None and hasattr(engine, "join_weight_group")
+
     async def poll(self, engine: GenerationEngine) -> bool:
         """Stage the newest published weights if they are newer than the engine's; True if staged."""
         registry = self._find_registry()
@@ -41,6 +57,10 @@ class WeightSubscriber:
             return False
         try:
             self.learner_version = max(self.learner_version, await registry.latest_version.remote())
+            if self.receives_broadcast(engine):  # idempotent: registers again after the learner dropped it
+                await registry.register_receiver.remote(self.worker_label, self.incarnation, self.receiver,
+                                                        engine.weight_group_size)
+                return False
             latest = await registry.get_latest.remote(self.current_version(engine) + 1)
         except ray.exceptions.RayActorError:  # registry restarting: find it again next time
             self._registry = None

@@ -72,9 +72,7 @@ class ActorWorker:
         self.weights = weights  # a WeightSubscriber, or None (weights never change)
         self.producer = StreamProducer(client, config.stream_key(), batch_size=config.redis.batch_size,
                                        reconnect_max_s=config.redis.reconnect_max_s)
-        self.builder = PromptBuilder(engine.tokenizer, history_length=config.actors.history_length,
-                                     max_prompt_tokens=config.model.max_prompt_tokens,
-                                     max_experience_tokens=config.library.max_tokens)
+        self.builder = PromptBuilder.from_config(engine.tokenizer, config)
         self.stats = WorkerStats()
         self._rng = random.Random(config.run.seed * 1_000_003 + worker_index)
         self._envs: list[TextEnv] = []
@@ -108,9 +106,11 @@ class ActorWorker:
         specs = []
         for index in range(size):
             with_experience = retrieving and not (actors.ab_groups and index >= size // 2)
+            # EDGE distillation: the B half still retrieves, to record the prompt its teacher would have seen.
+            teacher_prompt = retrieving and not with_experience and self.config.learner.edge_distill_coef > 0
             budget = self._rng.choice(envs.budgets) if envs.budgets else self._envs_max_steps()
             specs.append(EpisodeSpec(self.config.run.id, task, group_id, f"{group_id}-{index}", budget, with_experience,
-                                     actors.retrieval_mode))
+                                     actors.retrieval_mode, teacher_prompt))
         return specs
 
     def _envs_max_steps(self) -> int:

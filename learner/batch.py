@@ -9,7 +9,7 @@ row, and the model computes the vocabulary projection for those positions only
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -24,6 +24,8 @@ class TrainSample:
     behaviour_logprobs: np.ndarray  # float32 [R]: log-probs of the response under the behaviour policy
     advantage: float  # SLEA advantage of the step, shared by all its response tokens
     policy_version: int  # version of the weights that generated it (for staleness metrics)
+    teacher_prompt_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))  # int32 [P']: EDGE
+    # distillation: the prompt with the experiences shown, whose log-probs the response is pulled toward; empty: none
 
     @property
     def length(self) -> int:
@@ -97,8 +99,10 @@ def collate(samples: list[TrainSample], pad_id: int, device: torch.device | str 
     )
 
 
-def response_logits(model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
-    """Logits [B, Rmax, V] predicting each response slot (position t predicts token t + 1)."""
+def response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: float = 1.0) -> torch.Tensor:
+    """Logits [B, Rmax, V] predicting each response slot (position t predicts token t + 1), divided
+    by the sampling temperature: the policy being trained is the distribution the actors sampled
+    from, so its log-probs must be comparable with the recorded behaviour log-probs."""
     width = batch.response_ids.shape[1]
     output = model(
         input_ids=batch.input_ids,
@@ -107,4 +111,5 @@ def response_logits(model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
         logits_to_keep=width + 1,
         use_cache=False,
     )
-    return output.logits[:, :-1]
+    logits = output.logits[:, :-1]
+    return logits if temperature == 1.0 else logits / temperature

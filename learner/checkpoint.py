@@ -13,6 +13,11 @@ after that, so a crash mid-save leaves the previous checkpoint in charge. The st
 is Redis' own (the consumer group's pending list): the learner acknowledges entries after the
 checkpoint that contains their effect, and `applied_entry_ids` covers a crash between the
 save and the acknowledgement (those entries are acknowledged on restart, not trained again).
+
+With several ranks both functions are collective: every rank writes (and reads back) its own
+DeepSpeed partition and RNG state, rank 0 alone writes hf/, state.json and `latest`, and every
+rank loads the checkpoint rank 0 picked (learner/learner.py shares the path), so all resume
+from the same one. The folder must be on storage every rank sees.
 """
 
 from __future__ import annotations
@@ -79,7 +84,8 @@ def save_checkpoint(trainer: PolicyTrainer, tokenizer, root: Path, state: Learne
 
 
 def load_checkpoint(trainer: PolicyTrainer, path: Path) -> LearnerState:
-    """Restore weights, optimizer, scheduler and RNG states into `trainer`; returns the counters."""
+    """Restore weights, optimizer, scheduler and RNG states into `trainer`; returns the counters
+    (collective: every rank calls it with the same `path`)."""
     load_path, _ = trainer.engine.load_checkpoint(str(path / "ds"), tag="state")
     if load_path is None:
         raise FileNotFoundError(f"checkpoint {path} has no DeepSpeed state under ds/state; it is damaged")

@@ -8,12 +8,14 @@ DeepSpeed averages the gradients.
 One optimizer step per batch means the proximal policy of decoupled PPO is exactly the current
 weights before the step, so its log-probs are the detached log-probs of the same forward pass:
 no extra forward is needed, and the behaviour -> proximal weight carries all the staleness
-correction.
+correction. EDGE distillation (`learner.edge_distill_coef`) adds one no-grad forward per
+micro-batch, of the same responses under their teacher prompts (learner/edge.py).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import socket
@@ -25,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from learner.batch import MicroBatch, TrainSample, collate, plan_micro_batches, response_logits
+from learner.edge import distill_advantages, distill_log_ratio
 from learner.loss import gather_logprobs, ppo_loss, token_entropy
 from slea.config import LearnerConfig
 
@@ -105,14 +108,17 @@ class StepStats:
     response_tokens: int  # response tokens trained on, all ranks
     micro_batches: int  # micro-batches this rank ran
     seconds: float  # wall time of the step
+    edge_kl: float = 0.0  # EDGE: mean log pi_student - log pi_teacher over distilled tokens (sampled reverse KL)
+    edge_token_fraction: float = 0.0  # EDGE: share of response tokens distilled
 
 
 class PolicyTrainer:
     """A causal LM inside a DeepSpeed engine, plus the frozen reference for the KL term."""
 
-    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, pad_id: int):
+    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, pad_id: int, temperature: float = 1.0):
         self.cfg = cfg
         self.pad_id = pad_id
+        self.temperature = temperature  # the actors' sampling temperature: log-probs are of pi_T, as sampled
         self.rank, self.world_size = init_distributed()
         on_gpu = torch.cuda.is_available()
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu else torch.device("cpu")
@@ -147,12 +153,17 @@ class PolicyTrainer:
         total_response = sum(len(sample.response_ids) for sample in samples)
         lr = self.scheduler.get_last_lr()[0]  # what this step uses; the scheduler advances inside engine.step()
         sums = dict(loss=0.0, pg_loss=0.0, kl=0.0, entropy=0.0, clip_fraction=0.0, behav_masked_fraction=0.0, behav_weight=0.0)
+        edge_sums = dict(edge_kl_sum=0.0, edge_tokens=0.0)  # EDGE distillation: summed log-ratios and their tokens
+        # Same decision on every rank (same samples): under ZeRO-3 the teacher forward is a collective too.
+        distilling = self.cfg.edge_distill_coef > 0 and any(len(sample.teacher_prompt_ids) for sample in samples)
         grad_norm = None
         self.engine.train()
         for index in range(per_rank):
             real = index < len(mine)
-            batch = collate([samples[i] for i in (mine[index] if real else plan[0])], self.pad_id, self.device)
-            terms = self._micro_batch_loss(batch, total_response)
+            rows = [samples[i] for i in (mine[index] if real else plan[0])]
+            batch = collate(rows, self.pad_id, self.device)
+            teacher = _teacher_batch(rows, self.pad_id, self.device) if distilling else None
+            terms, edge_kl_sum, edge_tokens = self._micro_batch_loss(batch, total_response, teacher)
             # DeepSpeed averages gradients over ranks; the loss is already a batch-wide token sum.
             scale = float(self.world_size) if real else 0.0
             self.engine.set_gradient_accumulation_boundary(index == per_rank - 1)
@@ -164,11 +175,16 @@ class PolicyTrainer:
             if real:
                 for name in sums:
                     sums[name] += float(getattr(terms, name).detach())
-        sums = self._sum_over_ranks(sums)
+                edge_sums["edge_kl_sum"] += edge_kl_sum
+                edge_sums["edge_tokens"] += edge_tokens
+        sums = self._sum_over_ranks(sums | edge_sums)
+        edge_kl_sum, edge_tokens = sums.pop("edge_kl_sum"), sums.pop("edge_tokens")
         if self.cfg.zero_stage > 0:
             grad_norm = self.engine.get_global_grad_norm()
         return StepStats(
             **sums,
+            edge_kl=edge_kl_sum / edge_tokens if edge_tokens else 0.0,
+            edge_token_fraction=edge_tokens / total_response if total_response else 0.0,
             grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
             lr=lr,
             tokens=sum(lengths),
@@ -177,19 +193,30 @@ class PolicyTrainer:
             seconds=time.perf_counter() - start,
         )
 
-    def _micro_batch_loss(self, batch: MicroBatch, total_response: int):
-        logits = response_logits(self.engine, batch)
+    def _micro_batch_loss(self, batch: MicroBatch, total_response: int, teacher: tuple[MicroBatch, torch.Tensor] | None = None):
+        """(LossTerms, EDGE log-ratio sum, distilled tokens) of a micro-batch. With `teacher` (its teacher-prompt
+        batch and a flag per distilled row) the EDGE log-ratio joins the advantages (learner/edge.py)."""
+        teacher_logprobs = None
+        if teacher is not None:
+            with torch.no_grad():  # the teacher is the current policy under the teacher prompt: no gradient
+                teacher_logprobs = gather_logprobs(response_logits(self.engine, teacher[0], self.temperature), batch.response_ids)
+        logits = response_logits(self.engine, batch, self.temperature)
         logprobs = gather_logprobs(logits, batch.response_ids)
         entropy = token_entropy(logits) if self.cfg.entropy_coef > 0 else None
         ref_logprobs = None
         if self.reference is not None:
             with torch.no_grad():
-                ref_logprobs = gather_logprobs(response_logits(self.reference, batch), batch.response_ids)
-        return ppo_loss(
+                ref_logprobs = gather_logprobs(response_logits(self.reference, batch, self.temperature), batch.response_ids)
+        advantages, log_ratio, distill_mask = batch.advantages, None, None
+        if teacher_logprobs is not None:
+            distill_mask = batch.response_mask * teacher[1].unsqueeze(-1)
+            log_ratio = distill_log_ratio(logprobs, teacher_logprobs, distill_mask)
+            advantages = distill_advantages(advantages, log_ratio, self.cfg.edge_distill_coef)
+        terms = ppo_loss(
             logprobs,
             logprobs.detach(),  # proximal = weights before this optimizer step (see module docstring)
             batch.behaviour_logprobs,
-            batch.advantages,
+            advantages,
             batch.response_mask,
             clip_low=self.cfg.clip_low,
             clip_high=self.cfg.clip_high,
@@ -200,6 +227,9 @@ class PolicyTrainer:
             entropy_coef=self.cfg.entropy_coef,
             total_tokens=total_response,
         )
+        if log_ratio is None:
+            return terms, 0.0, 0.0
+        return terms, float(log_ratio.sum()), float(distill_mask.sum())
 
     def _sum_over_ranks(self, sums: dict[str, float]) -> dict[str, float]:
         if self.world_size == 1:
@@ -215,7 +245,7 @@ class PolicyTrainer:
         result = []
         for sample in samples:
             batch = collate([sample], self.pad_id, self.device)
-            values = gather_logprobs(response_logits(self.engine, batch), batch.response_ids)[0]
+            values = gather_logprobs(response_logits(self.engine, batch, self.temperature), batch.response_ids)[0]
             result.append(values[values.shape[0] - len(sample.response_ids):].cpu())
         return result
 
@@ -227,6 +257,15 @@ class PolicyTrainer:
             with deepspeed.zero.GatheredParameters(list(module.parameters())):
                 return {name: tensor.detach().to("cpu", copy=True) for name, tensor in module.state_dict().items()}
         return {name: tensor.detach().to("cpu", copy=True) for name, tensor in module.state_dict().items()}
+
+
+def _teacher_batch(rows: list[TrainSample], pad_id: int, device: torch.device) -> tuple[MicroBatch, torch.Tensor]:
+    """The rows with their teacher prompts (rows without one keep their own prompt, and are masked out
+    of the distillation), and a float [B] flag of the distilled rows. Responses are the same tokens,
+    right-aligned in the same slots, so teacher and student log-probs line up position by position."""
+    flags = [len(row.teacher_prompt_ids) > 0 for row in rows]
+    teacher_rows = [dataclasses.replace(row, prompt_ids=row.teacher_prompt_ids) if flag else row for row, flag in zip(rows, flags)]
+    return collate(teacher_rows, pad_id, device), torch.tensor(flags, dtype=torch.float32, device=device)
 
 
 def _grad_norm(module: torch.nn.Module) -> float:

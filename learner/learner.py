@@ -5,6 +5,10 @@ timed out, stale, late duplicate) or when the checkpoint holding the update that
 disk. A learner that dies in between re-reads those entries from its pending list on restart,
 resumes from the checkpoint and trains on them once; the version line continues after the
 latest published version (see learner/weights.py), so actors never see a version twice.
+
+Several ranks (`learner.num_ranks` Ray actors, or torchrun): rank 0 runs this loop alone and
+orders the others through every collective (learner/ranks.py); each trains its share of the
+micro-batches and DeepSpeed averages the gradients, so N ranks make the update one rank would.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ import numpy as np
 from learner.advantages import advantage_parts
 from learner.batch import TrainSample
 from learner.checkpoint import LearnerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from learner.edge import edge_metrics, select_teachers
 from learner.engine import PolicyTrainer
 from learner.groups import GroupAssembler, ReadyGroup
 from learner.metrics_export import export_step_metrics
+from learner.ranks import Order, RankChannel
 from learner.weights import RayWeightPublisher
 from slea.config import SleaConfig
 from slea.models import load_model
@@ -51,45 +57,45 @@ class Learner:
         if model is None:
             model, tokenizer = load_model(cfg.model.name, cfg.model.dtype)
         self.tokenizer = tokenizer
-        self.trainer = PolicyTrainer(model, cfg.learner, pad_id=tokenizer.pad_token_id)
-        if self.trainer.world_size > 1:
-            raise RuntimeError(
-                "the learner loop consumes the stream in one process; several ranks need rank 0 to read and "
-                "broadcast each batch to the others, which is not built yet (PolicyTrainer itself shards by rank)"
-            )
+        self.trainer = PolicyTrainer(model, cfg.learner, pad_id=tokenizer.pad_token_id, temperature=cfg.model.temperature)
+        self.ranks = RankChannel(self.trainer.rank, self.trainer.world_size)
         self.checkpoint_root = Path(cfg.run.dir) / cfg.run.id / "learner" / "checkpoints"
-        self.publisher = RayWeightPublisher(cfg.run.id)
-        client = redis_client if redis_client is not None else connect(cfg.redis)
-        self.consumer = StreamConsumer(
-            client,
-            cfg.stream_key(),
-            group=GROUP,
-            consumer="learner-0",
-            dead_letter_key=cfg.dead_letter_key(),
-            max_deliveries=cfg.redis.max_deliveries,
-            claim_idle_ms=cfg.redis.claim_idle_ms,  # never reclaims the entries it holds itself
-            reconnect_max_s=cfg.redis.reconnect_max_s,
-        )
-        self.assembler = GroupAssembler(cfg.actors.group_size, cfg.learner.group_timeout_s, cfg.learner.max_staleness)
-        self.unacked: list[str] = []  # entries used by updates not yet checkpointed
+        self.trace_path = self.checkpoint_root.parent / "trained_groups.jsonl"
         self.stop_requested = threading.Event()
+        start = None
+        if self.ranks.leader:  # the other ranks never touch Redis or the weight registry (learner/ranks.py)
+            self.publisher = RayWeightPublisher(cfg.run.id, cfg.learner.weight_transport, cfg.learner.weight_push_timeout_s)
+            client = redis_client if redis_client is not None else connect(cfg.redis)
+            self.consumer = StreamConsumer(
+                client,
+                cfg.stream_key(),
+                group=GROUP,
+                consumer="learner-0",
+                dead_letter_key=cfg.dead_letter_key(),
+                max_deliveries=cfg.redis.max_deliveries,
+                claim_idle_ms=cfg.redis.claim_idle_ms,  # never reclaims the entries it holds itself
+                reconnect_max_s=cfg.redis.reconnect_max_s,
+            )
+            self.assembler = GroupAssembler(cfg.actors.group_size, cfg.learner.group_timeout_s, cfg.learner.max_staleness)
+            self.unacked: list[str] = []  # entries used by updates not yet checkpointed
+            start = (latest_checkpoint(self.checkpoint_root), self.publisher.latest_version())
+        # Every rank resumes from the checkpoint rank 0 picked (each loads its own ZeRO partition and RNG).
+        previous, published = self.ranks.share(start)
 
         state = LearnerState(version=0, learner_step=0)
-        previous = latest_checkpoint(self.checkpoint_root)
         if previous is not None:
             state = load_checkpoint(self.trainer, previous)
-            self.consumer.ack(state.applied_entry_ids)  # their effect is in the checkpoint
+            if self.ranks.leader:
+                self.consumer.ack(state.applied_entry_ids)  # their effect is in the checkpoint
         self.learner_step = state.learner_step
         self.version = state.version
-        published = self.publisher.latest_version()
         if published >= self.version:
             # A learner restarted inside a live run: the registry already serves weights at least as new
             # as the checkpoint (versions published after it died with the crash). Continue the line right
             # after them, so no version repeats and none is skipped; actors keep those weights one step.
             self.version = published
         else:
-            self.publisher.publish(self.version, self.trainer.full_state_dict())
-        self.trace_path = self.checkpoint_root.parent / "trained_groups.jsonl"
+            self._publish()
 
     def poll(self, block_ms: int | None = None) -> None:
         """Read one batch of deliveries into the assembler; acknowledge what is dropped."""
@@ -104,11 +110,12 @@ class Learner:
             return None
         groups = self.assembler.pop_ready(self.cfg.learner.tasks_per_step)
         samples, metrics = self._samples(groups)
+        self.ranks.send(Order("train", samples=samples))
         stats = self.trainer.train_step(samples)
         self.learner_step += 1
         self.version += 1
         self.unacked += [entry for group in groups for entry in group.entry_ids]
-        self.publisher.publish(self.version, self.trainer.full_state_dict())
+        self._publish()
         self._trace(groups)
         if self.learner_step % self.cfg.learner.checkpoint_every == 0:
             self.checkpoint()
@@ -136,8 +143,17 @@ class Learner:
             duplicate_steps=counters.duplicates,
             open_groups=self.assembler.open_groups,
         )
+        if self.cfg.learner.edge_distill_coef > 0:  # EDGE distillation (learner/edge.py)
+            metrics.update(edge_kl=stats.edge_kl, edge_token_fraction=stats.edge_token_fraction)
         export_step_metrics(metrics)
         return StepResult(metrics=metrics, group_ids=[group.group_id for group in groups])
+
+    def _publish(self) -> None:
+        """Publish the current weights as `self.version` (every rank calls it: ZeRO-3 gathers collectively)."""
+        if self.ranks.leader:
+            self.publisher.publish(self.version, self.trainer.full_state_dict())
+        elif self.cfg.learner.zero_stage == 3:
+            self.trainer.full_state_dict()  # this rank's share of rank 0's gather; the copy is dropped
 
     def _trace(self, groups: list[ReadyGroup]) -> None:
         """Append which groups this step trained on, right after publishing and before the checkpoint.
@@ -165,9 +181,16 @@ class Learner:
             invalid_penalty=cfg.invalid_penalty,
         )
         advantages = parts.episode + cfg.omega * parts.step
+        # EDGE: the B-half steps of groups where experiences helped carry their teacher prompt (else empty).
+        edge = None
+        teachers = [np.zeros(0, dtype=np.int32)] * len(records)
+        if cfg.edge_distill_coef > 0:
+            edge = select_teachers([group.records for group in groups], cfg.edge_gain_threshold, cfg.edge_gain_metric)
+            teachers = edge.teacher_prompts
         samples = [
-            TrainSample(record.prompt_ids, record.response_ids, record.response_logprobs, float(advantage), record.policy_version)
-            for record, advantage in zip(records, advantages)
+            TrainSample(record.prompt_ids, record.response_ids, record.response_logprobs, float(advantage), record.policy_version,
+                        teacher)
+            for record, advantage, teacher in zip(records, advantages, teachers)
             if len(record.response_ids)  # a step without generated tokens has nothing to train
         ]
         staleness = Counter(self.version - record.policy_version for record in records)
@@ -183,28 +206,39 @@ class Learner:
             "staleness_histogram": dict(sorted(staleness.items())),
         }
         metrics.update(_episode_outcomes(records))
+        if edge is not None:
+            metrics.update(edge_metrics(edge, len(groups)))
         return samples, metrics
 
     def checkpoint(self) -> None:
         """Save, then acknowledge every entry whose update the checkpoint holds."""
         state = LearnerState(version=self.version, learner_step=self.learner_step, applied_entry_ids=self.unacked)
+        self.ranks.send(Order("checkpoint", state=state))
         save_checkpoint(self.trainer, self.tokenizer, self.checkpoint_root, state)
         self.consumer.ack(self.unacked)
         self.unacked = []
 
     def run(self, on_metrics: Callable[[dict], None] | None = None) -> None:
-        """Train until `learner.max_steps` or SIGTERM/SIGINT, then checkpoint (graceful shutdown)."""
-        log_path = self.checkpoint_root.parent / "metrics.jsonl"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
+        """Train until `learner.max_steps` or SIGTERM/SIGINT, then checkpoint (graceful shutdown).
+
+        Ranks > 0 follow rank 0 instead, and return when it stops (their own signals are ignored:
+        rank 0, signalled too under torchrun, decides)."""
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(signum, lambda *_: self.stop_requested.set())
+        if not self.ranks.leader:
+            self._follow()
+            return
+        log_path = self.checkpoint_root.parent / "metrics.jsonl"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with log_path.open("a") as log:
                 while self.learner_step < self.cfg.learner.max_steps and not self.stop_requested.is_set():
                     self.poll()
                     result = self.step()
-                    if result is not None:
+                    if result is None:
+                        self.ranks.send(Order("idle"))
+                    else:
                         log.write(json.dumps(result.metrics) + "\n")
                         log.flush()
                         if on_metrics is not None:
@@ -212,10 +246,27 @@ class Learner:
         finally:
             self.close()
 
+    def _follow(self) -> None:
+        """Ranks > 0: run rank 0's orders, the same collectives in the same order, until it says stop."""
+        while True:
+            order = self.ranks.receive()
+            if order.kind == "train":
+                self.trainer.train_step(order.samples)
+                self.learner_step += 1  # the same counters as rank 0, which started from the same ones
+                self.version += 1
+                self._publish()
+            elif order.kind == "checkpoint":
+                save_checkpoint(self.trainer, self.tokenizer, self.checkpoint_root, order.state)
+            elif order.kind == "stop":
+                return
+
     def close(self) -> None:
-        """Checkpoint what is not yet checkpointed and wait for the last publish."""
-        if self.unacked:
-            self.checkpoint()
+        """Checkpoint what is not yet checkpointed, release the other ranks, wait for the last publish."""
+        try:
+            if self.unacked:
+                self.checkpoint()
+        finally:
+            self.ranks.send(Order("stop"))
         self.publisher.flush()
 
 

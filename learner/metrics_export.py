@@ -10,6 +10,10 @@ _GAUGES = {
     "grad_norm": "learner_grad_norm", "advantage_mean": "learner_advantage_mean",
     "advantage_std": "learner_advantage_std", "tokens_per_s": "learner_tokens_per_second",
 }
+_EDGE_GAUGES = {  # present only when EDGE distillation is on
+    "edge_kl": "learner_edge_kl", "edge_token_fraction": "learner_edge_token_fraction",
+    "edge_gated_fraction": "learner_edge_gated_fraction", "edge_gain_mean": "learner_edge_gain",
+}
 _DROPPED = {"groups_dropped_incomplete": "timeout", "groups_dropped_abandoned": "abandoned", "groups_dropped_stale": "stale"}
 
 
@@ -18,6 +22,9 @@ def export_step_metrics(metrics: dict) -> None:
     metric("learner_groups_trained_total").inc(metrics["groups_trained"])
     for key, name in _GAUGES.items():
         metric(name).set(metrics[key])
+    for key, name in _EDGE_GAUGES.items():
+        if key in metrics:
+            metric(name).set(metrics[key])
     metric("learner_advantage_abs").labels(part="episode").set(metrics["episode_advantage_abs_mean"])
     metric("learner_advantage_abs").labels(part="step").set(metrics["step_advantage_abs_mean"])
     for key, reason in _DROPPED.items():

@@ -1,7 +1,16 @@
-"""The learner as a Ray actor, so `slea train` can place it on its own (GPU) worker group."""
+"""The learner as Ray actors, so `slea train` can place it on its own (GPU) worker group.
+
+`start_learner` starts `learner.num_ranks` LearnerProcess actors that form one DeepSpeed
+process group. Building a rank joins that group, which blocks until every rank has joined, so
+construction takes two calls: rank 0 picks the rendezvous address on its own node, then every
+rank joins at once. The driver talks to rank 0 only (metrics, version, stop); the other ranks
+follow rank 0 and return from run() when it does.
+"""
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 
 import ray
@@ -11,18 +20,35 @@ from slea.config import SleaConfig
 
 @ray.remote(max_concurrency=4)
 class LearnerProcess:
-    """Runs the Learner loop on a thread; the driver drains its metrics and can stop it."""
+    """One learner rank; rank 0 runs the Learner loop on a thread, the driver drains its metrics and can stop it."""
 
-    def __init__(self, config: dict):
-        from learner.learner import Learner
-
-        self.learner = Learner(SleaConfig.model_validate(config))
+    def __init__(self, config: dict, rank: int = 0, world_size: int = 1):
+        self.config, self.rank, self.world_size = config, rank, world_size
+        self.learner = None  # built by join()
         self._metrics: list[dict] = []
         self._lock = threading.Lock()
         self.error: str | None = None
 
+    def rendezvous_address(self) -> tuple[str, int]:
+        """(this node's IP, a free port on it): where the other ranks find rank 0."""
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def join(self, master_addr: str | None = None, master_port: int | None = None) -> None:
+        """Build this rank's Learner; with several ranks, every rank must be inside join() at once."""
+        from learner.learner import Learner
+
+        if self.world_size > 1:
+            # The variables torchrun would set (learner/engine.py init_distributed). LOCAL_RANK is 0:
+            # Ray shows each actor only its own GPUs (CUDA_VISIBLE_DEVICES).
+            os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
+                              MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        self.learner = Learner(SleaConfig.model_validate(self.config))
+
     def run(self) -> int:
-        """Train to learner.max_steps (or stop()); returns the last published version."""
+        """Train to learner.max_steps (or stop()); returns the last published version (rank 0)."""
         try:
             self.learner.run(on_metrics=self._collect)
         except Exception as exc:
@@ -43,5 +69,19 @@ class LearnerProcess:
         return self.learner.version
 
     def stop(self) -> None:
-        """Finish the current step, checkpoint, return from run()."""
+        """Finish the current step, checkpoint, return from run() (rank 0; it stops the others)."""
         self.learner.stop_requested.set()
+
+
+def start_learner(config: SleaConfig, **options) -> list:
+    """`learner.num_ranks` joined LearnerProcess actors, rank 0 first; `options` go to each actor's
+    `.options()` (num_cpus, num_gpus, resources)."""
+    world_size = config.learner.num_ranks
+    as_dict = config.model_dump(mode="json")
+    ranks = [LearnerProcess.options(**options).remote(as_dict, rank, world_size) for rank in range(world_size)]
+    address = ray.get(ranks[0].rendezvous_address.remote()) if world_size > 1 else (None, None)
+    joining = [rank.join.remote(*address) for rank in ranks]
+    while joining:
+        joined, joining = ray.wait(joining)
+        ray.get(joined)  # a rank that fails to build raises now, not when the others' rendezvous times out
+    return ranks

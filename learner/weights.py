@@ -2,7 +2,7 @@
 
 The learner owns the policy version. After each optimizer step it publishes version v + 1.
 
-CPU path (implemented here): the state dict goes into the Ray object store (`ray.put`, the
+Object-store path (the default, and the CPU one): the state dict goes into the Ray object store (`ray.put`, the
 copy); a small named, detached Ray actor, the *weight registry*, receives it asynchronously,
 re-puts it so that it owns the object, and keeps only the latest (version, ObjectRef).
 Publishing returns as soon as the learner's copy is in the store, so the next training step
@@ -18,11 +18,16 @@ The actors' contract, by name, without importing this module:
         version, ref = latest
         model.load_state_dict(ray.get(ref))  # {parameter name: CPU tensor}
 
-GPU path (not implemented in this module; same `publish(version, ...)` interface): as in
-OpenRLHF's `vllm_engine.py`, the learner rank 0 and every vLLM worker join one NCCL group
-(`init_process_group` with the learner as rank 0); per parameter the learner calls the
-engines' `update_weight(name, dtype, shape)` remotely and broadcasts the tensor on the group,
-then bumps the registry's version with no ObjectRef; actors switch between generations.
+Collective path (`learner.weight_transport: collective`; learner/weight_push.py): the same
+publish also hands the weights to a CollectiveWeightSender, which broadcasts them into every
+engine that registered itself here as a receiver (one gloo/NCCL group per engine, backend by
+device, slea/weight_group.py). The registry then also lists the receivers:
+
+    registry.register_receiver.remote(receiver_id, incarnation, actor_handle, worker_count)
+
+and the actor worker behind `actor_handle` answers `join_weight_group(host, port, world_size,
+backend, timeout_s)` and `receive_weights(plan, version)`. The object-store copy is still
+published: it announces the version and serves engines that cannot receive (transformers).
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ import torch
 from slea.channels import RAY_NAMESPACE, weight_registry_name
 
 
-
 @ray.remote(num_cpus=0)
 class WeightRegistry:
     """Holds the latest published (version, ObjectRef of a state dict); versions only go up."""
@@ -41,6 +45,7 @@ class WeightRegistry:
     def __init__(self):
         self.version = -1  # latest published version; -1 before the first publish
         self.ref = None  # ObjectRef of {name: tensor} for `version`
+        self._receivers = {}  # receiver id -> (incarnation, actor handle, worker count): collective transport
 
     def publish(self, version: int, state_dict: dict) -> None:
         """Record `state_dict` as version `version`, in an object this actor owns."""
@@ -58,15 +63,36 @@ class WeightRegistry:
     def latest_version(self) -> int:
         return self.version
 
+    def register_receiver(self, receiver_id: str, incarnation: str, handle, workers: int) -> None:
+        """An engine that takes weights by broadcast (idempotent; a new incarnation replaces the old)."""
+        known = self._receivers.get(receiver_id)
+        if known is None or known[0] != incarnation:
+            self._receivers[receiver_id] = (incarnation, handle, workers)
+
+    def drop_receiver(self, receiver_id: str, incarnation: str) -> None:
+        """Forget a receiver the learner failed to reach (it registers again on its next poll)."""
+        if receiver_id in self._receivers and self._receivers[receiver_id][0] == incarnation:
+            del self._receivers[receiver_id]
+
+    def receivers(self) -> dict:
+        return dict(self._receivers)
+
 
 class RayWeightPublisher:
-    """The learner's side of the CPU weight channel."""
+    """The learner's side of the weight channel: the object store, plus the collective push."""
 
-    def __init__(self, run_id: str):
+    def __init__(self, run_id: str, transport: str = "object_store", timeout_s: float = 120.0):
         self.registry = WeightRegistry.options(
             name=weight_registry_name(run_id), namespace=RAY_NAMESPACE, lifetime="detached", get_if_exists=True
         ).remote()
         self._last_publish = None  # the previous publish call, checked (not awaited) on the next one
+        self.sender = None
+        if transport == "collective":
+            from learner.weight_push import CollectiveWeightSender
+
+            self.sender = CollectiveWeightSender(self.registry, timeout_s=timeout_s)
+        elif transport != "object_store":
+            raise ValueError(f"weight transport must be 'object_store' or 'collective', not {transport!r}")
 
     def latest_version(self) -> int:
         """Latest version the registry holds (-1 if none): a restarted learner continues after it."""
@@ -80,8 +106,17 @@ class RayWeightPublisher:
                 ray.get(ready[0])  # surfaces a rejected version instead of losing it
         ref = ray.put(state_dict)
         self._last_publish = self.registry.publish.remote(version, ref)
+        if self.sender is not None:
+            self.sender.submit(version, state_dict)
 
     def flush(self) -> None:
-        """Wait until the last publish is recorded (shutdown, tests)."""
+        """Wait until the last publish is recorded and, collective, pushed (shutdown, tests)."""
         if self._last_publish is not None:
             ray.get(self._last_publish)
+        if self.sender is not None:
+            self.sender.flush(timeout_s=4 * self.sender.timeout_s)
+
+    def close(self) -> None:
+        """Stop the collective push (its groups close; the engines keep their weights)."""
+        if self.sender is not None:
+            self.sender.close()

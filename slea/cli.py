@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 from pathlib import Path
 
@@ -123,6 +125,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from slea.run_outputs import compare_runs
+
+    try:
+        table, png = compare_runs(args.runs, args.out, key=args.key)
+    except ValueError as exc:  # a run without the metric
+        print(f"slea compare: {exc}", file=sys.stderr)
+        return 2
+    print(table)
+    print(f"plot: {png}")
+    return 0
+
+
 def cmd_not_built(args: argparse.Namespace) -> int:
     print(f"slea {args.command}: not built yet (see the open issues)", file=sys.stderr)
     return 2
@@ -152,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--no-library", action="store_true", help="skip the with-library rows")
     evaluate.add_argument("--json", action="store_true", help="print the report as one JSON object")
     evaluate.set_defaults(func=cmd_eval)
+
+    compare = commands.add_parser("compare", help="held-out learning curves of several runs: one plot, one table")
+    compare.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (labelled by run id and preset)")
+    compare.add_argument("--out", default="learning_curves.png", metavar="PNG", help="plot file")
+    compare.add_argument("--key", default="eval/success_rate", help="metrics.jsonl key to compare")
+    compare.set_defaults(func=cmd_compare)
 
     play = commands.add_parser("play", help="play episodes of an env with an expert or random policy")
     play.add_argument("--env", required=True, help="env name (alfworld, webshop, search_qa, textworld, frozenlake, sokoban)")
@@ -205,5 +226,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The `slea` console script: main(), then exit without interpreter teardown. Native
+    libraries loaded by a command (torch, tokenizers, hnswlib, Ray's core worker) can segfault
+    while the interpreter tears their threads down after the command has finished and written
+    everything, which turned a successful `slea eval` into exit 139."""
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -29,6 +29,7 @@ class RunConfig(_Section):
     preset: Literal["slea", "grpo", "task_retrieval"] = Field(
         "slea", description="Algorithm preset: step retrieval + step advantages, plain GRPO, or retrieval once per task."
     )
+    edge: bool = Field(False, description="EDGE on top of the preset: A/B groups and gain-gated distillation of the with-experience behaviour into the experience-free policy (learner.edge_distill_coef, 0.1 unless set).")
 
     @field_validator("id")
     @classmethod
@@ -81,6 +82,8 @@ class ActorsConfig(_Section):
     engine_args: dict[str, Any] = Field(default_factory=dict, description="Passed through to the engine (e.g. vLLM gpu_memory_utilization).")
     group_size: int = Field(8, ge=1, description="G: trajectories per task group.")
     history_length: int = Field(2, ge=0, description="Observation/action pairs of history in the prompt.")
+    prompt_style: Literal["reasoning", "compact"] = Field(
+        "reasoning", description="reasoning: verl-agent's think-then-act prompt; compact: one format example, action only (small models).")
     retrieval_mode: Literal["step", "task", "none"] = Field("step", description="Retrieve every step, once per episode, or never.")
     retrieval_timeout_s: float = Field(0.5, gt=0, description="A retrieval slower than this is skipped and counted as a miss.")
     ab_groups: bool = Field(False, description="EDGE A/B groups: first half with experiences, second half without.")
@@ -105,6 +108,9 @@ class LearnerConfig(_Section):
     clip_high: float = Field(0.28, ge=0, description="PPO ratio clip above 1 (asymmetric, DAPO-style).")
     kl_coef: float = Field(0.01, ge=0, description="KL penalty to the frozen reference policy (low-variance estimator).")
     entropy_coef: float = Field(0.001, ge=0, description="Entropy bonus.")
+    edge_distill_coef: float = Field(0.0, ge=0, description="EDGE: weight of the reverse KL from the experience-free (B-half) policy to itself prompted with the experiences (0 = off; needs actors.ab_groups).")
+    edge_gain_threshold: float = Field(0.0, description="EDGE: distil a group only when its A half beat its B half by more than this (success rate or mean return).")
+    edge_gain_metric: Literal["success", "return"] = Field("success", description="EDGE: the gain compares A/B success rates or mean episode returns.")
     max_staleness: int = Field(4, ge=0, description="Steps more than this many versions old are dropped.")
     behav_weight_cap: float = Field(5.0, gt=0, description="Decoupled PPO: cap of the behaviour-to-proximal importance weight.")
     micro_batch_tokens: int = Field(4096, ge=16, description="Token budget per micro-batch (gradient accumulation across them).")
@@ -113,8 +119,11 @@ class LearnerConfig(_Section):
     group_timeout_s: float = Field(600.0, gt=0, description="Groups not complete after this long are dropped.")
     checkpoint_every: int = Field(10, ge=1, description="Checkpoint every N learner steps (and on shutdown).")
     max_steps: int = Field(100, ge=1, description="Learner steps in the run.")
-    num_gpus: float = Field(0.0, ge=0, description="Ray GPUs for the learner.")
-    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources pinning the learner.")
+    num_ranks: int = Field(1, ge=1, description="Learner processes (data-parallel DeepSpeed ranks); rank 0 reads the stream.")
+    num_gpus: float = Field(0.0, ge=0, description="Ray GPUs for each learner rank.")
+    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources pinning each learner rank.")
+    weight_transport: Literal["object_store", "collective"] = Field("object_store", description="New weights reach vLLM engines via the Ray object store, or broadcast on a gloo/NCCL group per engine (transformers engines always use the object store).")
+    weight_push_timeout_s: float = Field(120.0, gt=0, description="Collective transport: longest wait for an engine to join or take a version before it is dropped.")
 
 
 class LibraryConfig(_Section):
@@ -168,6 +177,16 @@ class MonitoringConfig(_Section):
     plots: bool = Field(True, description="Write PNG plots into the run directory as the run goes.")
 
 
+class EvalConfig(_Section):
+    every: int = Field(0, ge=0, description="Held-out panel evaluation every N learner steps, plus before the first and after the last (0 = never).")
+    panel_size: int | None = Field(None, ge=1, description="Panel tasks played while training (null = envs.panel_size).")
+    samples_per_task: int = Field(2, ge=1, description="Sampled episodes per panel task (plus one greedy).")
+    library: bool = Field(True, description="Also play with the run's live library, when the run has one.")
+    max_batch: int = Field(16, ge=1, description="Generations batched together by the evaluator's engine.")
+    num_cpus: float = Field(1.0, ge=0, description="Ray CPUs of the evaluator.")
+    num_gpus: float = Field(0.0, ge=0, description="Ray GPUs of the evaluator.")
+
+
 class RayConfig(_Section):
     address: str | None = Field(None, description="Join this Ray cluster ('auto' on KubeRay); null starts a local one.")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of a local Ray (null = all).")
@@ -182,6 +201,7 @@ class SleaConfig(_Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="Learner and its algorithm.")
     library: LibraryConfig = Field(default_factory=LibraryConfig, description="Experience library.")
     monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig, description="Metrics and run outputs.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation during training.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster.")
 
     def stream_key(self) -> str:

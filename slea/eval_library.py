@@ -25,13 +25,13 @@ from slea.config import SleaConfig
 EVAL_RETRIEVAL_TIMEOUT_S = 30.0
 
 
-def _client(config: SleaConfig, handle) -> RetrievalClient:
+def retrieval_client_for(config: SleaConfig, handle) -> RetrievalClient:
     lib = config.library
     return RetrievalClient(k_strategies=lib.k_strategies, k_warnings=lib.k_warnings, max_tokens=lib.max_tokens,
                            timeout_s=max(config.actors.retrieval_timeout_s, EVAL_RETRIEVAL_TIMEOUT_S), handle=handle)
 
 
-def _running_app():
+def running_library_app():
     """The handle of the library app on the connected Ray cluster, or None if it is not running there."""
     from ray import serve
 
@@ -88,12 +88,12 @@ def eval_library(config: SleaConfig, run_dir: Path | None) -> Iterator[tuple[Ret
         if connected_here:
             ray.init(address=config.ray.address, namespace=RAY_NAMESPACE, log_to_driver=False)
         try:
-            handle = _running_app()
+            handle = running_library_app()
             if handle is None:
                 yield None, (f"unavailable: no running '{LIBRARY_APP}' app on {where}; start the run's library "
                              "there, or evaluate without ray.address to serve the run's snapshot locally")
                 return
-            client = _client(config, handle)
+            client = retrieval_client_for(config, handle)
             try:
                 yield client, f"app '{LIBRARY_APP}' running on {where}"
             finally:
@@ -110,7 +110,7 @@ def eval_library(config: SleaConfig, run_dir: Path | None) -> Iterator[tuple[Ret
         return
     header = json.loads(snapshot.read_text().split("\n", 1)[0])
     with _serve_snapshot(config, snapshot) as handle:
-        client = _client(config, handle)
+        client = retrieval_client_for(config, handle)
         try:
             yield client, (f"snapshot {snapshot} (library version {header['version']}, "
                            f"{header['experiences']} experiences) served for this evaluation")

@@ -100,8 +100,7 @@ def evaluate_engine(engine: GenerationEngine, config: SleaConfig, *, env_name: s
         ks=ks or default_ks(samples_per_task), budgets=budgets or default_budgets(step_budget),
         retrieval_mode=config.actors.retrieval_mode if config.actors.retrieval_mode in ("step", "task") else "step",
     )
-    builder = PromptBuilder(engine.tokenizer, history_length=config.actors.history_length,
-                            max_prompt_tokens=config.model.max_prompt_tokens, max_experience_tokens=config.library.max_tokens)
+    builder = PromptBuilder.from_config(engine.tokenizer, config)
     result = asyncio.run(play_panel(engine, lambda: make_env(env_name, params, envs.max_steps, envs.plugins), tasks,
                                     builder, retrieval, settings, library_note))
     template.close()

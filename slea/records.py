@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import msgpack
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # what encode writes; 2 added teacher_prompt_ids
+READABLE_VERSIONS = (1, 2)  # what decode accepts: a v1 record is a v2 record without a teacher prompt
 
 _INT32 = np.dtype("<i4")
 _FLOAT32 = np.dtype("<f4")
@@ -58,6 +59,8 @@ class StepRecord:
     experience_ids: list[str] = field(default_factory=list)  # experiences injected into the prompt
     step_budget: int = 0  # the episode's step budget (budget-mixed training)
     with_experience: bool = True  # experience-conditioned episode (False in the B half of A/B groups)
+    teacher_prompt_ids: np.ndarray = field(default_factory=_empty_ids)  # int32 [P']: B half under EDGE distillation:
+    # the same prompt with the experiences retrieved for this step shown (the teacher's context); else empty
     abandoned: bool = False  # marker: the episode was cut off (worker died); drop it, never train on it
     created_at: float = field(default_factory=time.time)  # unix seconds when the actor produced it
 
@@ -78,8 +81,9 @@ class StepRecord:
         return True
 
 
-_ARRAY_FIELDS = {"prompt_ids": _INT32, "response_ids": _INT32, "response_logprobs": _FLOAT32}
+_ARRAY_FIELDS = {"prompt_ids": _INT32, "response_ids": _INT32, "response_logprobs": _FLOAT32, "teacher_prompt_ids": _INT32}
 _FIELD_NAMES = [spec.name for spec in dataclasses.fields(StepRecord)]
+_ADDED_IN = {"teacher_prompt_ids": 2}  # field -> schema version that introduced it (older payloads must not carry it)
 _REQUIRED = [spec.name for spec in dataclasses.fields(StepRecord) if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING]
 
 
@@ -109,12 +113,12 @@ def decode(blob: bytes) -> StepRecord:
     if not isinstance(payload, dict):
         raise RecordDecodeError(f"payload is a {type(payload).__name__}, not a map")
     version = payload.pop("v", None)
-    if version != SCHEMA_VERSION:
-        raise RecordDecodeError(f"unknown StepRecord schema version {version!r} (this code reads {SCHEMA_VERSION})")
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
+        raise RecordDecodeError(f"unknown StepRecord schema version {version!r} (this code reads {READABLE_VERSIONS})")
     missing = [name for name in _REQUIRED if name not in payload]
     if missing:
         raise RecordDecodeError(f"payload lacks required fields {missing}")
-    unknown = set(payload) - set(_FIELD_NAMES)
+    unknown = set(payload) - {name for name in _FIELD_NAMES if _ADDED_IN.get(name, 1) <= version}
     if unknown:
         raise RecordDecodeError(f"payload has unknown fields {sorted(unknown)}")
     for name, dtype in _ARRAY_FIELDS.items():

@@ -39,8 +39,9 @@ PLOTS = (
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """metrics.jsonl as dicts in step order; for a step recorded twice (a resumed run redoes the
-    steps after its last checkpoint) the later line wins. A torn last line (a crash mid-write) is skipped."""
+    """metrics.jsonl as dicts in step order. Lines of the same step merge, a later value winning:
+    a held-out evaluation adds its line to the learner's line of that step, and a resumed run
+    redoes the steps after its last checkpoint. A torn last line (a crash mid-write) is skipped."""
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return []
@@ -50,7 +51,7 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
             entry = json.loads(line)
         except json.JSONDecodeError:
             continue
-        by_step[int(entry["step"])] = entry
+        by_step.setdefault(int(entry["step"]), {}).update(entry)
     return [by_step[step] for step in sorted(by_step)]
 
 
@@ -169,3 +170,23 @@ def plot_learning_curves(run_dirs: dict[str, str | Path], out_png: str | Path,
     out = Path(out_png)
     draw_lines(lines, out, f"held-out panel success ({key})", "success rate", unit_interval=True)
     return out
+
+
+def compare_runs(run_dirs: list[str | Path], out_png: str | Path, key: str = "eval/success_rate") -> tuple[str, Path]:
+    """`slea compare`: a markdown table of `key` per learner step (one column per run) and the
+    plot of the same curves. Runs are labelled "<run id> (<preset>)" from their config.yaml."""
+    import yaml
+
+    labelled = {}
+    for run_dir in run_dirs:
+        config_file = Path(run_dir) / "config.yaml"
+        run = yaml.safe_load(config_file.read_text()).get("run", {}) if config_file.is_file() else {}
+        labelled[f"{run.get('id', Path(run_dir).name)} ({run.get('preset', '?')})"] = run_dir
+    png = plot_learning_curves(labelled, out_png, key)
+    columns = {label: dict(zip(*series(read_metrics(run_dir), key)[key])) for label, run_dir in labelled.items()}
+    steps = sorted({step for values in columns.values() for step in values})
+    rows = [f"| learner step | {' | '.join(columns)} |", "|---" * (len(columns) + 1) + "|"]
+    for step in steps:
+        cells = [f"{values[step]:.3f}" if step in values else "-" for values in columns.values()]
+        rows.append(f"| {step} | {' | '.join(cells)} |")
+    return "\n".join(rows), png

@@ -1,10 +1,11 @@
 """`slea train`: the whole asynchronous system from one config.
 
 Services first (run directory, Redis, Ray), then the library writer and its Serve app, the
-learner, and the actor pool, each a Ray actor placed by its own resources. The driver only
-watches: it supervises the pool, drains learner metrics into the run directory, and draws the
-progress display. Actors never wait for the learner and the learner never waits for a rollout
-phase; they meet in the stream and the weight registry.
+learner (`learner.num_ranks` Ray actors; the driver talks to rank 0), and the actor pool, each
+placed by its own resources. The driver only watches: it supervises the pool, drains learner
+metrics into the run directory, and draws the progress display. Actors never wait for the
+learner and the learner never waits for a rollout phase; they meet in the stream and the weight
+registry.
 
 Stopping: the learner finishing `learner.max_steps`, or Ctrl-C / SIGTERM, stops the actors from
 starting groups (their half episodes are marked abandoned), lets the learner checkpoint and the
@@ -34,7 +35,8 @@ POLL_S = 2.0
 
 
 def _apply_preset(config: SleaConfig) -> SleaConfig:
-    """`run.preset`: grpo = no library and omega 0; task_retrieval = retrieve once per episode."""
+    """`run.preset`: grpo = no library and omega 0; task_retrieval = retrieve once per episode; then
+    `run.edge`: A/B groups plus gain-gated distillation (learner/edge.py)."""
     preset = config.run.preset
     if preset == "grpo":
         config.library.enabled = False
@@ -42,7 +44,9 @@ def _apply_preset(config: SleaConfig) -> SleaConfig:
         config.learner.omega = 0.0
     elif preset == "task_retrieval":
         config.actors.retrieval_mode = "task"
-    return config
+    from learner.edge import apply_edge_option  # `run.edge` composes with the preset (imports torch: only here)
+
+    return apply_edge_option(config)
 
 
 def run_metrics(learner: dict, lags: dict[str, int], library: dict | None) -> dict:
@@ -85,6 +89,7 @@ class Progress:
         self.seconds_per_step = 0.0
         self.latest: dict = {}
         self.successes: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # task type -> [wins, episodes]
+        self.latest_eval: tuple[int, float | None] | None = None  # (learner step, held-out success) of the newest evaluation
 
     def add_step(self, metrics: dict) -> None:
         now = time.monotonic()
@@ -111,6 +116,9 @@ class Progress:
         table.add_row("episodes (actors)", str(sum(s["episodes_finished"] for s in pool)))
         for task_type, (wins, episodes) in sorted(self.successes.items()):
             table.add_row(f"success {task_type}", f"{wins}/{episodes} ({wins / max(episodes, 1):.0%})")
+        if self.latest_eval is not None:
+            step, success = self.latest_eval
+            table.add_row("held-out success", f"{'-' if success is None else f'{success:.0%}'} (step {step})")
         table.add_row("stream lag (learner)", str(lag))
         if library is not None:
             table.add_row("library", f"v{library['version']}, {sum(library['experiences'].values())} experiences, "
@@ -138,14 +146,14 @@ def train(config: SleaConfig, resume_dir: str | None = None) -> int:
     try:
         with sigterm_as_interrupt(), redis_for_run(config, run_dir) as url:
             config.redis.url = url
-            return _run(config, run_dir, console)
+            return _run(config, run_dir, console, resumed=resume_dir is not None)
     finally:
         signal.signal(signal.SIGINT, previous_handler)
 
 
-def _run(config: SleaConfig, run_dir, console: Console) -> int:
+def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -> int:
     from actors.pool import ActorPool
-    from learner.process import LearnerProcess
+    from learner.process import start_learner
     from monitoring.ray_metrics import use_ray_metrics
 
     client = connect(config.redis)
@@ -163,18 +171,22 @@ def _run(config: SleaConfig, run_dir, console: Console) -> int:
     recorder = _recorder(config, run_dir)
     progress = Progress(config)
     library = learner = pool = None
-    library_run = learner_run = None
+    library_run, learner_runs = None, []
     try:
         if config.library.enabled:
             library, library_run = _start_library(config, run_dir)
-        learner = LearnerProcess.options(num_cpus=1, num_gpus=config.learner.num_gpus,
-                                         resources=dict(config.learner.resources) or None).remote(config.model_dump(mode="json"))
-        learner_run = learner.run.remote()
+        ranks = start_learner(config, num_cpus=1, num_gpus=config.learner.num_gpus,
+                              resources=dict(config.learner.resources) or None)
+        learner = ranks[0]  # the driver talks to rank 0; the other ranks follow it
+        learner_runs = [rank.run.remote() for rank in ranks]
+        evals = _start_evaluator(config, run_dir)
+        if evals is not None and not resumed:
+            evals.on_learner_step(0, final=True)  # the policy before any update: the curve's first point
         pool = ActorPool(config, config.redis.url)
         pool.scale(config.actors.num_workers)
         with Live(console=console, refresh_per_second=1, transient=False) as live:
             while True:
-                done, _ = ray.wait([learner_run], timeout=POLL_S)
+                done, _ = ray.wait(learner_runs, timeout=POLL_S)  # any rank returning ends the learner
                 pool.supervise()
                 lags = {name: group.lag for name, group in group_stats(client, stream).items()}
                 trim_acknowledged(client, stream, list(STREAM_GROUPS) if config.library.enabled else ["learner"])
@@ -185,10 +197,21 @@ def _run(config: SleaConfig, run_dir, console: Console) -> int:
                     recorder.record(metrics["learner_step"], line)
                     if not console.is_terminal:  # logs (CI, kubectl logs) get one line per step instead
                         console.print(progress.log_line(line))
+                    if evals is not None:
+                        evals.on_learner_step(metrics["learner_step"])
+                if evals is not None:
+                    _record_evals(evals.poll(), progress, recorder, console)
                 live.update(progress.table(pool.summaries(), lags.get("learner", 0), stats))
                 if done:
-                    ray.get(learner_run)  # surfaces a learner failure
+                    ray.get(learner_runs)  # surfaces a learner failure (on any rank)
                     break
+        if evals is not None:  # the last policy's point: actors stop first, so it gets the CPUs
+            pool.stop()
+            pool = None
+            evals.on_learner_step(progress.latest.get("learner_step", 0), final=True)
+            console.print("final held-out evaluation ...")
+            while evals.busy:
+                _record_evals(evals.poll(timeout_s=POLL_S), progress, recorder, console)
         console.print(f"[green]done[/]: {progress.latest.get('learner_step', 0)} learner steps, "
                       f"policy version {progress.latest.get('policy_version', 0)}; outputs in {run_dir}")
         return 0
@@ -197,7 +220,7 @@ def _run(config: SleaConfig, run_dir, console: Console) -> int:
                       "(Ctrl-C again to exit at once)[/]")
         return 130
     finally:
-        _shutdown(pool, learner, learner_run, library, library_run, recorder)
+        _shutdown(pool, learner, learner_runs, library, library_run, recorder)
         ray.shutdown()
         client.close()
 
@@ -214,19 +237,40 @@ def _start_library(config: SleaConfig, run_dir):
     return library, run
 
 
+def _start_evaluator(config: SleaConfig, run_dir):
+    """The held-out evaluator and its schedule, or None when `eval.every` is 0."""
+    if config.eval.every == 0:
+        return None
+    from slea.train_eval import EvalSchedule, PanelEvaluator
+
+    evaluator = PanelEvaluator.options(num_cpus=config.eval.num_cpus, num_gpus=config.eval.num_gpus).remote(
+        config.model_dump(mode="json"), str(run_dir))
+    return EvalSchedule(evaluator, config.eval.every)
+
+
+def _record_evals(finished: list[tuple[int, dict]], progress: "Progress", recorder, console: Console) -> None:
+    from slea.train_eval import HEADLINE
+
+    for learner_step, metrics in finished:
+        recorder.record(learner_step, metrics)
+        progress.latest_eval = (learner_step, metrics.get(HEADLINE))
+        console.print(f"held-out eval at step {learner_step} (policy v{metrics['eval/policy_version']}): "
+                      f"success {metrics.get(HEADLINE, float('nan')):.2f}")
+
+
 def _recorder(config: SleaConfig, run_dir):
     from slea.run_outputs import RunRecorder
 
     return RunRecorder(run_dir, tensorboard=config.monitoring.tensorboard, plots=config.monitoring.plots)
 
 
-def _shutdown(pool, learner, learner_run, library, library_run, recorder) -> None:
+def _shutdown(pool, learner, learner_runs, library, library_run, recorder) -> None:
     """Graceful order: no new groups -> learner checkpoint -> library snapshot -> Serve down."""
     if pool is not None:
         pool.stop()
     if learner is not None:
         learner.stop.remote()
-        ray.wait([learner_run], timeout=600)
+        ray.wait(learner_runs, num_returns=len(learner_runs), timeout=600)
         for metrics in ray.get(learner.drain_metrics.remote()):
             recorder.record(metrics["learner_step"], run_metrics(metrics, {}, None))
     if library is not None:

@@ -1,10 +1,11 @@
 """`slea train` end to end on one machine: real Ray, Redis, Serve, DeepSpeed and a tiny model."""
 
-import json
 import subprocess
 import sys
 
 import pytest
+
+from slea.run_outputs import read_metrics
 
 
 pytestmark = pytest.mark.slow
@@ -21,19 +22,28 @@ def test_train_writes_a_complete_run_and_resume_continues_the_version_line(tmp_p
     train("configs/local.yaml", "--set", f"run.dir={tmp_path}", "--set", "run.id=e2e", "--set", f"model.name={tiny_model_dir}",
           "--set", "model.max_new_tokens=8", "--set", "learner.max_steps=3", "--set", "learner.checkpoint_every=2",
           "--set", "envs.max_steps=3", "--set", "envs.panel_size=4", "--set", "actors.group_size=2",
-          "--set", "learner.tasks_per_step=1", "--set", "library.snapshot_every=1")
+          "--set", "learner.tasks_per_step=1", "--set", "library.snapshot_every=1",
+          "--set", "eval.every=2", "--set", "eval.panel_size=2", "--set", "eval.samples_per_task=1")
     run_dir = tmp_path / "e2e"
     for part in ("config.yaml", "metrics.jsonl", "tensorboard", "plots/success_rate.png", "plots/stream_lag.png",
-                 "plots/library_size.png", "learner/checkpoints/latest", "library/snapshots", "redis"):
+                 "plots/library_size.png", "plots/eval_success.png", "learner/checkpoints/latest", "library/snapshots",
+                 "redis"):
         assert (run_dir / part).exists(), f"run directory lacks {part}"
     assert list((run_dir / "tensorboard").iterdir()), "no TensorBoard event file"
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [line["learner/policy_version"] for line in lines] == [1, 2, 3]
-    assert all("actors/success_rate" in line and "stream/lag/learner" in line for line in lines)
+    steps = [line for line in read_metrics(run_dir) if "learner/policy_version" in line]
+    assert [line["learner/policy_version"] for line in steps] == [1, 2, 3]
+    assert all("actors/success_rate" in line and "stream/lag/learner" in line for line in steps)
+    # Held-out evaluations: before the first update and after the last, and at step 2 unless the
+    # step-3 request replaced it while step 0's evaluation still ran; each with its report.
+    evaluated = {line["step"]: line for line in read_metrics(run_dir) if "eval/success_rate" in line}
+    assert {0, 3} <= set(evaluated) <= {0, 2, 3}
+    assert evaluated[0]["eval/policy_version"] == 0 and evaluated[3]["eval/policy_version"] == 3
+    assert "eval/sampled/library/success_rate" in evaluated[3] and "eval/sampled/no_library/success_rate" in evaluated[3]
+    assert len(list((run_dir / "eval").glob("step-*/report.json"))) == len(evaluated)
 
     train("--resume", str(run_dir), "--set", "learner.max_steps=5")
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [line["learner/policy_version"] for line in lines] == [1, 2, 3, 4, 5]  # no gap, no repeat
+    steps = [line for line in read_metrics(run_dir) if "learner/policy_version" in line]
+    assert [line["learner/policy_version"] for line in steps] == [1, 2, 3, 4, 5]  # no gap, no repeat
     latest = (run_dir / "learner/checkpoints/latest").read_text().strip()
     assert latest.endswith("5")
 

@@ -18,7 +18,7 @@ import ray
 from ray import serve
 
 from actors.pool import ActorPool
-from learner.process import LearnerProcess
+from learner.process import start_learner
 from library.process import LibraryProcess
 from library.service import start_serve_app
 from slea.channels import LIBRARY_APP, RAY_NAMESPACE
@@ -53,7 +53,7 @@ class Run:
         self.pool.scale(config.actors.num_workers)
 
     def start_learner(self) -> None:
-        self.learner = LearnerProcess.options(num_cpus=1).remote(self.as_dict)
+        (self.learner,) = start_learner(self.config, num_cpus=1)
         self.learner_run = self.learner.run.remote()
 
     def version(self) -> int:

@@ -5,9 +5,13 @@ continuously. The response ids and the log-prob of every sampled token come from
 itself (`logprobs=0` returns the sampled token's log-prob), so what the learner sees is
 exactly what was sampled.
 
-Weights: the learner's state dict is written once to shared memory (safetensors) and every
-vLLM worker loads it in place through a worker extension (`collective_rpc`), between
-generations: new requests wait while the swap runs, running ones finish first.
+Weights, two transports, both loaded in place by every vLLM worker through a worker extension
+(`collective_rpc`, actors/engines/vllm_worker.py), between generations: new requests wait while
+the swap runs, running ones finish first, and the prefix cache is reset.
+- object store: the learner's state dict (from the Ray object store) is written once to shared
+  memory (safetensors) and every worker loads that file (`update_weights`, applied lazily);
+- collective: the workers join a gloo/NCCL group with the learner (`join_weight_group`) and
+  receive its broadcast (`receive_weights`, called by the learner through the actor worker).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class VllmEngine(GenerationEngine):
         self._version = 0
         self._staged: tuple[dict, int] | None = None
         self._in_flight = 0
+        self._receiving = False  # a collective weight transfer holds new requests back
         self._idle = None  # asyncio.Condition, created lazily in the running loop
         self._request_ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -77,6 +82,7 @@ class VllmEngine(GenerationEngine):
 
         await self._ready()
         async with self._idle:
+            await self._idle.wait_for(lambda: not self._receiving)
             if self._staged is not None:  # first request after a publish swaps the weights in
                 await self._idle.wait_for(lambda: self._in_flight == 0)
                 await self._load_staged()
@@ -121,6 +127,39 @@ class VllmEngine(GenerationEngine):
         finally:
             os.unlink(path)
         self._version, self._staged = version, None
+
+    @property
+    def weight_group_size(self) -> int:
+        """Workers that join a collective weight group (tensor x pipeline parallel)."""
+        return self._args.tensor_parallel_size * self._args.pipeline_parallel_size
+
+    async def join_weight_group(self, host: str, port: int, world_size: int, backend: str, timeout_s: float) -> dict:
+        """Every worker joins the learner's weight group (rank 0 is the learner); returns the
+        model dtype the learner should send."""
+        await self._ready()
+        replies = await self._engine.collective_rpc("slea_init_weight_group",
+                                                    args=(host, port, world_size, backend, timeout_s))
+        return {"dtype": replies[0]["dtype"], "ranks": sorted(reply["rank"] for reply in replies)}
+
+    async def receive_weights(self, plan: list[dict], version: int) -> None:
+        """Take version `version` broadcast by the learner on the weight group, between generations."""
+        await self._ready()
+        async with self._idle:
+            self._receiving = True
+            try:
+                await self._idle.wait_for(lambda: self._in_flight == 0)
+                await self._engine.collective_rpc("slea_receive_weights", args=(plan,))
+                await self._engine.reset_prefix_cache()  # cached KV was computed by the old weights
+                self._version = version
+                if self._staged is not None and self._staged[1] <= version:
+                    self._staged = None  # older than what just arrived
+            finally:
+                self._receiving = False
+                self._idle.notify_all()
+
+    async def leave_weight_group(self) -> None:
+        if self._engine is not None:
+            await self._engine.collective_rpc("slea_close_weight_group")
 
     def generate_batch(self, prompts: list[list[int]]) -> list[Generation]:
         """Synchronous form for benchmarks and evaluation: runs on the engine's own loop thread."""

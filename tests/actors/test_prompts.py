@@ -45,3 +45,24 @@ def test_history_shrinks_then_prompt_is_clipped_to_the_budget():
     assert len(ids) <= 250 and "word word" not in TOKENIZER.decode(ids)
     ids, _ = PromptBuilder(TOKENIZER, max_prompt_tokens=64).build(history_with(0), "x " * 400, [], [])
     assert len(ids) == 64 and TOKENIZER.decode(ids).endswith("<|im_start|>assistant\n")
+
+
+def test_the_task_is_stated_once_whatever_the_env_prefixes_it_with():
+    builder = PromptBuilder(TOKENIZER, history_length=0)
+    for task in ("Your task is to: put a clean mug in coffeemachine.", "put a clean mug in coffeemachine."):
+        ids, _ = builder.build(TurnHistory(task), "obs", [], [])
+        text = TOKENIZER.decode(ids)
+        assert text.count("Your task is to:") == 1 and "Your task is to: put a clean mug" in text
+
+
+def test_compact_prompt_lists_actions_and_opens_the_reply_with_the_action_tag():
+    builder = PromptBuilder(TOKENIZER, history_length=1, style="compact")
+    ids, used = builder.build(history_with(2), "You arrive at sinkbasin 1.", ["clean mug 1 with sinkbasin 1", "look"],
+                              EXPERIENCES[:1])
+    text = TOKENIZER.decode(ids)
+    assert [e.experience_id for e in used] == ["s1"] and "Strategies that worked:" in text
+    assert "Task: put a clean mug in coffeemachine." in text
+    assert "Step 2: observation number 1\nYou did: go to countertop 1\n" in text and "observation number 0" not in text
+    assert "Admissible actions:\nclean mug 1 with sinkbasin 1\nlook\n" in text
+    assert "<think>" not in text and builder.response_prefix == "<action>"
+    assert text.endswith("<|im_start|>assistant\n<action>")  # the model only writes the action and its closing tag

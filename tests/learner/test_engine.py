@@ -1,5 +1,7 @@
 """The DeepSpeed trainer on CPU (gloo, one process, no torchrun) with the tiny model."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -54,3 +56,18 @@ def test_zero3_trains_and_gathers_full_weights():
     assert {name: tensor.shape for name, tensor in after.items()} == shapes  # tied lm_head included
     assert stats.grad_norm > 0 and stats.kl == 0.0
     assert any(not torch.equal(before[name], after[name]) for name in before)
+
+
+def test_log_probs_are_those_of_the_sampling_temperature():
+    """Actors sampling at temperature T record log-probs of softmax(logits / T); the trainer must
+    score the same distribution, or every ratio (and the behaviour weight) would be off."""
+    from actors.engines import SamplingSettings
+    from actors.engines.transformers_engine import TransformersEngine
+
+    model, tokenizer = tiny_model()
+    engine = TransformersEngine(copy.deepcopy(model), tokenizer, SamplingSettings(temperature=0.7, top_p=1.0, max_new_tokens=6))
+    prompt = tokenizer("Task: find the key.\nYour action:")["input_ids"]
+    generation = engine.generate_batch([prompt])[0]
+    trainer = PolicyTrainer(model, LearnerConfig(kl_coef=0.0), tokenizer.pad_token_id, temperature=0.7)
+    sample = TrainSample(np.asarray(prompt, np.int32), generation.response_ids, generation.logprobs, 0.0, 0)
+    np.testing.assert_allclose(trainer.logprobs([sample])[0].numpy(), generation.logprobs, atol=1e-4)

@@ -26,6 +26,7 @@ def step_records(draw, max_prompt=300):
         done=draw(st.booleans()), success=draw(st.booleans()), policy_version=draw(st.integers(0, 2**40)),
         library_version=draw(st.integers(-1, 2**40)), experience_ids=draw(st.lists(text, max_size=5)),
         step_budget=draw(st.integers(0, 1000)), with_experience=draw(st.booleans()), abandoned=draw(st.booleans()),
+        teacher_prompt_ids=np.array(draw(st.lists(int32, max_size=max_prompt)), dtype=np.int32),
         created_at=draw(st.floats(0, 2e9)),
     )
 
@@ -52,6 +53,22 @@ def test_arrays_are_little_endian_on_the_wire():
     payload = msgpack.unpackb(encode(record))
     assert payload["prompt_ids"] == b"\x01\x00\x00\x00\x00\x01\x00\x00"
     assert payload["v"] == SCHEMA_VERSION
+
+
+def test_teacher_prompt_round_trips_and_defaults_to_empty():
+    teacher = np.array([5, 6, 7, 8], dtype=np.int32)
+    record = StepRecord("r", "t", "k", "e", "g", "ep", 0, "o", with_experience=False, teacher_prompt_ids=teacher)
+    decoded = decode(encode(record))
+    assert decoded == record and decoded.teacher_prompt_ids.tolist() == [5, 6, 7, 8]
+    assert len(decode(encode(StepRecord("r", "t", "k", "e", "g", "ep", 0, "o"))).teacher_prompt_ids) == 0
+
+
+def test_schema_v1_records_still_decode_without_a_teacher_prompt():
+    v1 = {k: v for k, v in _valid_payload().items() if k != "teacher_prompt_ids"} | {"v": 1}
+    decoded = decode(msgpack.packb(v1))
+    assert decoded.teacher_prompt_ids.dtype == np.dtype("<i4") and len(decoded.teacher_prompt_ids) == 0
+    with pytest.raises(RecordDecodeError, match="unknown fields.*teacher_prompt_ids"):
+        decode(msgpack.packb({**_valid_payload(), "v": 1}))  # a v1 payload cannot carry a v2 field
 
 
 def test_length_mismatch_is_refused_at_encode():

@@ -6,7 +6,7 @@ import pytest
 from matplotlib.image import imread
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from slea.run_outputs import RunRecorder, plot_learning_curves, read_metrics, series
+from slea.run_outputs import RunRecorder, compare_runs, plot_learning_curves, read_metrics, series
 
 
 def step_metrics(step: int) -> dict:
@@ -62,3 +62,25 @@ def test_learning_curves_compare_runs_on_held_out_success(tmp_path):
         recorder.record(1, {"learner/loss": 1.0})
     with pytest.raises(ValueError, match="no 'eval/success_rate'"):
         plot_learning_curves({"empty": tmp_path / "empty"}, tmp_path / "none.png")
+
+
+def test_an_evaluation_line_merges_into_its_learner_step(tmp_path):
+    with RunRecorder(tmp_path, tensorboard=False, plots=False) as recorder:
+        recorder.record(5, {"learner/loss": 0.3, "actors/success_rate": 0.25})
+        recorder.record(5, {"eval/success_rate": 0.5})  # the held-out evaluation of step 5 arrives later
+    assert [(entry["step"], entry["learner/loss"], entry["eval/success_rate"]) for entry in read_metrics(tmp_path)] == [
+        (5, 0.3, 0.5)]
+
+
+def test_compare_tabulates_each_run_by_learner_step_and_plots_them(tmp_path):
+    for run_id, preset, rates in (("a", "slea", {0: 0.1, 5: 0.3}), ("b", "grpo", {0: 0.1, 4: 0.2})):
+        (tmp_path / run_id).mkdir()
+        (tmp_path / run_id / "config.yaml").write_text(f"run:\n  id: {run_id}\n  preset: {preset}\n")
+        with RunRecorder(tmp_path / run_id, tensorboard=False, plots=False) as recorder:
+            for step, rate in rates.items():
+                recorder.record(step, {"eval/success_rate": rate})
+    table, png = compare_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "curves.png")
+    assert table.splitlines() == [
+        "| learner step | a (slea) | b (grpo) |", "|---|---|---|",
+        "| 0 | 0.100 | 0.100 |", "| 4 | - | 0.200 |", "| 5 | 0.300 | - |"]
+    assert_png(png)

@@ -1,0 +1,151 @@
+"""Held-out evaluation while training: the curve that says whether the policy is learning.
+
+Every `eval.every` learner steps (and once before the first update, and once after the last)
+a `PanelEvaluator` Ray actor loads the newest published weights from the run's weight
+registry into its own engine and plays the env's held-out panel exactly as `slea eval` does
+(same panel, same step budget, sampled and greedy, with the run's live library when it has
+one and without). Training never waits for it: one evaluation runs at a time, and a request
+that arrives while one runs replaces any request still queued, so the evaluator always
+measures the newest policy it can.
+
+Each evaluation becomes one metrics.jsonl line at its learner step (run_outputs merges it
+with the learner's line for that step) and a full report under `<run>/eval/step-<s>-v<v>/`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import ray
+
+from slea.config import SleaConfig
+
+HEADLINE = "eval/success_rate"  # sampled success, with the library when the run has one (the deployed policy)
+
+
+def eval_metrics(report: dict, with_library: bool) -> dict[str, float]:
+    """Flat metrics of one panel report: `eval/<decoding>/<library|no_library>/<what>` for every
+    played row, plus the headline `eval/success_rate` and its per-task-type series."""
+    metrics: dict[str, float] = {}
+    for row in report["rows"]:
+        if not row["available"]:
+            continue
+        prefix = f"eval/{row['decoding']}/{'library' if row['library'] else 'no_library'}"
+        metrics[f"{prefix}/success_rate"] = row["success_rate"]
+        metrics[f"{prefix}/mean_steps"] = row["mean_steps"]
+        metrics[f"{prefix}/invalid_action_rate"] = row["invalid_action_rate"]
+        if row["decoding"] == "sampled" and row["library"] == with_library:
+            metrics[HEADLINE] = row["success_rate"]
+            for task_type, rate in row["success_by_task_type"].items():
+                metrics[f"{HEADLINE}/{task_type}"] = rate
+    metrics["eval/policy_version"] = report["policy_version"]
+    return metrics
+
+
+@ray.remote
+class PanelEvaluator:
+    """Owns one engine and plays the held-out panel with whatever weights the learner published last."""
+
+    def __init__(self, config: dict, run_dir: str):
+        from actors.engines import SamplingSettings, make_engine
+
+        self.config = SleaConfig.model_validate(config)
+        if self.config.eval.panel_size is not None:
+            self.config.envs.panel_size = self.config.eval.panel_size
+        self.run_dir = Path(run_dir)
+        model = self.config.model
+        self.engine = make_engine("transformers", model.name, SamplingSettings(
+            temperature=model.temperature, top_p=model.top_p, max_new_tokens=model.max_new_tokens),
+            dtype=model.dtype, max_batch=self.config.eval.max_batch)
+
+    def _load_latest_weights(self, timeout_s: float = 300.0) -> int:
+        """Stage the registry's newest weights into the engine; returns their version."""
+        from slea.channels import RAY_NAMESPACE, weight_registry_name
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                registry = ray.get_actor(weight_registry_name(self.config.run.id), namespace=RAY_NAMESPACE)
+                latest = ray.get(registry.get_latest.remote(0))
+            except ValueError:  # the learner has not created the registry yet
+                latest = None
+            if latest is not None:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no weights published for run {self.config.run.id} within {timeout_s:.0f} s")
+            time.sleep(1.0)
+        version, ref = latest
+        if version != self.engine.policy_version:
+            self.engine.update_weights(ray.get(ref), version)
+        return version
+
+    def _retrieval(self):
+        """A client of the run's live library app, or None (no library, or it is not up)."""
+        if not (self.config.library.enabled and self.config.eval.library):
+            return None
+        from slea.eval_library import retrieval_client_for, running_library_app
+
+        handle = running_library_app()
+        return retrieval_client_for(self.config, handle) if handle is not None else None
+
+    def evaluate(self, learner_step: int) -> dict:
+        """Play the panel with the newest weights; returns the flat metrics (see eval_metrics)."""
+        from slea.evaluate import evaluate_engine
+
+        version = self._load_latest_weights()
+        cfg = self.config
+        retrieval = self._retrieval()
+        started = time.monotonic()
+        report = evaluate_engine(
+            self.engine, cfg, samples_per_task=cfg.eval.samples_per_task, retrieval=retrieval,
+            library_note="the run's live library" if retrieval is not None else "the run has no library",
+            out_dir=self.run_dir / "eval" / f"step-{learner_step:05d}-v{version:05d}",
+            facts={"model": cfg.model.name, "learner_step": learner_step, "policy_version": version},
+        ).report
+        metrics = eval_metrics(report, with_library=retrieval is not None)
+        metrics["eval/seconds"] = time.monotonic() - started
+        return metrics
+
+
+class EvalSchedule:
+    """The driver's side: when to ask for an evaluation and what came back.
+
+    One evaluation in flight; a newer request waits in a one-slot queue (replacing an older
+    waiting one). `poll()` returns finished (learner_step, metrics) pairs.
+    """
+
+    def __init__(self, evaluator, every: int):
+        self.evaluator = evaluator
+        self.every = every
+        self._running: tuple[int, ray.ObjectRef] | None = None
+        self._queued: int | None = None
+        self.requested: set[int] = set()
+
+    def on_learner_step(self, learner_step: int, final: bool = False) -> None:
+        if learner_step in self.requested or not (final or learner_step % self.every == 0):
+            return
+        self.requested.add(learner_step)
+        self._queued = learner_step
+        self._start_queued()
+
+    def _start_queued(self) -> None:
+        if self._running is None and self._queued is not None:
+            self._running = (self._queued, self.evaluator.evaluate.remote(self._queued))
+            self._queued = None
+
+    def poll(self, timeout_s: float = 0.0) -> list[tuple[int, dict]]:
+        """Finished evaluations, waiting up to `timeout_s` for the running one."""
+        if self._running is None:
+            return []
+        step, ref = self._running
+        ready, _ = ray.wait([ref], timeout=timeout_s)
+        if not ready:
+            return []
+        self._running = None
+        self._start_queued()
+        return [(step, ray.get(ref))]
+
+    @property
+    def busy(self) -> bool:
+        return self._running is not None or self._queued is not None

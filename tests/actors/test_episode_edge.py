@@ -1,0 +1,86 @@
+"""play_episode under EDGE distillation: the B half retrieves for its teacher but never shows it."""
+
+import asyncio
+
+import numpy as np
+
+from actors.engines.base import Generation
+from actors.envs.registry import make_env
+from actors.episode import EpisodeSpec, play_episode
+from actors.prompts import Experience, PromptBuilder
+from actors.retrieval_client import Retrieved
+from slea.models import shipped_tokenizer
+
+TOKENIZER = shipped_tokenizer()
+LESSON = Experience("s1", "strategy", "Walk around the holes, never through them.")
+
+
+class FixedEngine:
+    """Answers every prompt with the same action; remembers the prompts it saw."""
+
+    tokenizer = TOKENIZER
+    policy_version = 3
+
+    def __init__(self):
+        self.prompts: list[list[int]] = []
+
+    async def generate(self, prompt_ids):
+        self.prompts.append(list(prompt_ids))
+        response = np.asarray(TOKENIZER.encode("<action>right</action>"), dtype=np.int32)
+        return Generation(list(prompt_ids), response, np.full(len(response), -0.5, np.float32),
+                          "<action>right</action>", 3, "stop")
+
+
+class OneLessonLibrary:
+    def __init__(self):
+        self.calls = 0
+
+    async def retrieve(self, observation, task_type, mode="step"):
+        self.calls += 1
+        return Retrieved([LESSON], library_version=7, hit=True, cluster_id="c1")
+
+
+def play(with_experience: bool, teacher_prompt: bool):
+    env = make_env("frozenlake", max_steps=3)
+    task = env.make_task(0, split="train")
+    spec = EpisodeSpec("run", task, "g", f"g-{int(with_experience)}", 3, with_experience, "step", teacher_prompt)
+    engine, library = FixedEngine(), OneLessonLibrary()
+    builder = PromptBuilder(TOKENIZER)
+    result = asyncio.run(play_episode(spec, env, engine, builder, library, lambda _r: None, keep_records=True))
+    return result.records, engine, library
+
+
+def test_b_half_records_the_teacher_prompt_and_generates_without_it():
+    records, engine, library = play(with_experience=False, teacher_prompt=True)
+    assert library.calls == len(records) > 0
+    for record, prompt in zip(records, engine.prompts):
+        shown, teacher = TOKENIZER.decode(record.prompt_ids), TOKENIZER.decode(record.teacher_prompt_ids)
+        assert record.prompt_ids.tolist() == prompt and LESSON.text not in shown  # generated without the lesson
+        assert LESSON.text in teacher and teacher != shown
+        # otherwise a B step as before: nothing injected, no cluster (anchor groups unchanged)
+        assert not record.with_experience and record.experience_ids == [] and record.library_version == -1
+        assert record.anchor_cluster == ""
+
+
+def test_a_half_and_plain_b_half_have_no_teacher_prompt():
+    a_records, _, _ = play(with_experience=True, teacher_prompt=False)
+    assert all(len(r.teacher_prompt_ids) == 0 and r.experience_ids == ["s1"] for r in a_records)
+    b_records, _, library = play(with_experience=False, teacher_prompt=False)
+    assert library.calls == 0 and all(len(r.teacher_prompt_ids) == 0 for r in b_records)
+
+
+def test_worker_asks_the_b_half_for_a_teacher_prompt_only_when_distilling(redis_client):
+    from actors.worker import ActorWorker
+    from slea.config import SleaConfig
+
+    config = SleaConfig()
+    config.envs.name, config.envs.panel_size = "frozenlake", 2
+    config.actors.group_size, config.actors.ab_groups = 4, True
+    halves = {}
+    for coef in (0.0, 0.1):
+        config.learner.edge_distill_coef = coef
+        worker = ActorWorker(config, 0, redis_client, FixedEngine(), retrieval=OneLessonLibrary())
+        specs = worker._group_specs(next(worker._tasks))
+        halves[coef] = [(spec.with_experience, spec.teacher_prompt) for spec in specs]
+    assert halves[0.0] == [(True, False), (True, False), (False, False), (False, False)]
+    assert halves[0.1] == [(True, False), (True, False), (False, True), (False, True)]
