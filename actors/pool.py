@@ -26,7 +26,10 @@ class ActorWorkerProcess:
         from actors.retrieval_client import RetrievalClient
         from actors.weights_client import WeightSubscriber
         from actors.worker import ActorWorker
+        from slea.cpu_threads import use_assigned_cpus
         from slea.redis_conn import connect
+
+        use_assigned_cpus()
 
         self.config = SleaConfig.model_validate(config)
         cfg = self.config
@@ -89,6 +92,7 @@ class ActorPool:
         self.redis_url = redis_url
         self.workers: dict[int, ray.actor.ActorHandle] = {}
         self._next_index = 0
+        self._last_summaries: dict[int, dict] = {}  # worker index -> its latest summary
 
     def _options(self) -> dict:
         actors = self.config.actors
@@ -109,6 +113,7 @@ class ActorPool:
             ray.get([self.workers[index].stop.remote() for index in surplus])
             for index in surplus:
                 ray.kill(self.workers.pop(index), no_restart=True)
+                self._last_summaries.pop(index, None)
         self.supervise()
 
     def supervise(self) -> int:
@@ -122,11 +127,26 @@ class ActorPool:
         return started
 
     def summaries(self) -> list[dict]:
-        return ray.get([worker.summary.remote() for worker in self.workers.values()])
+        """Each worker's summary; a worker that is restarting (killed for memory, crashed) shows
+        its last known one instead of failing the caller, the driver's display loop."""
+        for index, worker in self.workers.items():
+            try:
+                self._last_summaries[index] = ray.get(worker.summary.remote())
+            except ray.exceptions.RayActorError as exc:
+                log.warning("actor worker %d unavailable, showing its last summary: %s", index, exc)
+        return [self._last_summaries[index] for index in self.workers if index in self._last_summaries]
 
     def stop(self) -> list[dict]:
-        summaries = ray.get([worker.stop.remote() for worker in self.workers.values()])
-        for worker in self.workers.values():
-            ray.kill(worker, no_restart=True)
+        """Stop every worker (it abandons its groups in flight) and kill it. A worker that is
+        restarting cannot stop cleanly: it is killed, and the learner drops its unfinished
+        groups when they time out."""
+        summaries = []
+        stopping = {index: worker.stop.remote() for index, worker in self.workers.items()}  # all at once
+        for index, stopped in stopping.items():
+            try:
+                summaries.append(ray.get(stopped))
+            except ray.exceptions.RayActorError as exc:
+                log.warning("actor worker %d could not stop cleanly: %s", index, exc)
+            ray.kill(self.workers[index], no_restart=True)
         self.workers.clear()
         return summaries

@@ -23,6 +23,9 @@ class LearnerProcess:
     """One learner rank; rank 0 runs the Learner loop on a thread, the driver drains its metrics and can stop it."""
 
     def __init__(self, config: dict, rank: int = 0, world_size: int = 1):
+        from slea.cpu_threads import use_assigned_cpus
+
+        use_assigned_cpus()
         self.config, self.rank, self.world_size = config, rank, world_size
         self.learner = None  # built by join()
         self._metrics: list[dict] = []

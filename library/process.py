@@ -15,6 +15,9 @@ class LibraryProcess:
 
     def __init__(self, config: dict, redis_url: str, run_dir: str):
         from library.service import start_writer
+        from slea.cpu_threads import use_assigned_cpus
+
+        use_assigned_cpus()
 
         self.writer = start_writer(SleaConfig.model_validate(config), redis_url, run_dir)
         self._stop = threading.Event()

@@ -21,6 +21,7 @@ from library.request_models import BadRequest, RetrieveBatchRequest, RetrieveReq
 from library.retrieval import retrieve_batch
 from library.state import Library
 from library.sync import Follower
+from slea.cpu_threads import use_assigned_cpus
 from slea.config import SleaConfig, load_config
 from slea.redis_conn import connect
 
@@ -39,6 +40,7 @@ class LibraryServer:
     """One replica: a followed Library plus the embedding model."""
 
     def __init__(self, config: dict, redis_url: str):
+        use_assigned_cpus()
         self.config = SleaConfig.model_validate(config)
         self.cfg = self.config.library
         self.library = Library(self.cfg, Embedder(self.cfg.embedding_model, self.cfg.embedding_cache_size))

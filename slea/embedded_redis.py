@@ -40,7 +40,8 @@ class EmbeddedRedis:
             raise RedisServerMissing(INSTALL_HINT)
         self.binary = binary
         self._owned_dir = data_dir is None
-        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="slea-redis-"))
+        # Absolute: redis-server chdirs into --dir before it opens --logfile and the AOF.
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="slea-redis-")).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.appendonly = appendonly
         self.port = port or free_port()

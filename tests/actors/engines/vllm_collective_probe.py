@@ -14,15 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 
 def main(checkpoint: str, plan_path: str, host: str, port: str, out: str) -> None:
-    from actors.engines.base import SamplingSettings
-    from actors.engines.vllm_engine import VllmEngine
+    from vllm_probe import generation_json, probe_engine
 
-    engine = VllmEngine(checkpoint, SamplingSettings(temperature=1.0, max_new_tokens=10),
-                        engine_args={"gpu_memory_utilization": 0.2, "max_model_len": 1024})
-    tokenizer = engine.tokenizer
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=True)["input_ids"]
-               for text in ["You are in the middle of a room.", "Your task is to: put a mug in the sink."]]
+    engine, prompts = probe_engine(checkpoint)
     plan = json.loads(Path(plan_path).read_text())
 
     async def scenario():
@@ -37,10 +31,8 @@ def main(checkpoint: str, plan_path: str, host: str, port: str, out: str) -> Non
         return first, second, joined
 
     first, second, joined = asyncio.run(scenario())
-    as_json = lambda g: {"prompt_ids": g.prompt_ids, "response_ids": g.response_ids.tolist(),
-                         "logprobs": g.logprobs.tolist(), "policy_version": g.policy_version, "text": g.text}
-    Path(out).write_text(json.dumps({"before": [as_json(g) for g in first], "after": [as_json(g) for g in second],
-                                     "joined": joined}))
+    Path(out).write_text(json.dumps({"before": [generation_json(g) for g in first],
+                                     "after": [generation_json(g) for g in second], "joined": joined}))
     engine.close()
 
 

@@ -12,9 +12,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 
-def main(checkpoint: str, new_weights: str, out: str) -> None:
-    from safetensors.torch import load_file
-
+def probe_engine(checkpoint: str):
+    """(a small VllmEngine on `checkpoint`, two chat prompts' token ids) for the probes."""
     from actors.engines.base import SamplingSettings
     from actors.engines.vllm_engine import VllmEngine
 
@@ -24,6 +23,19 @@ def main(checkpoint: str, new_weights: str, out: str) -> None:
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                              tokenize=True)["input_ids"]
                for text in ["You are in the middle of a room.", "Your task is to: put a mug in the sink."]]
+    return engine, prompts
+
+
+def generation_json(generation) -> dict:
+    return {"prompt_ids": generation.prompt_ids, "response_ids": generation.response_ids.tolist(),
+            "logprobs": generation.logprobs.tolist(), "policy_version": generation.policy_version,
+            "text": generation.text}
+
+
+def main(checkpoint: str, new_weights: str, out: str) -> None:
+    from safetensors.torch import load_file
+
+    engine, prompts = probe_engine(checkpoint)
 
     async def scenario():
         first = await asyncio.gather(*(engine.generate(list(p)) for p in prompts))
@@ -32,9 +44,8 @@ def main(checkpoint: str, new_weights: str, out: str) -> None:
         return first, second
 
     first, second = asyncio.run(scenario())
-    as_json = lambda g: {"prompt_ids": g.prompt_ids, "response_ids": g.response_ids.tolist(),
-                         "logprobs": g.logprobs.tolist(), "policy_version": g.policy_version, "text": g.text}
-    Path(out).write_text(json.dumps({"before": [as_json(g) for g in first], "after": [as_json(g) for g in second]}))
+    Path(out).write_text(json.dumps({"before": [generation_json(g) for g in first],
+                                     "after": [generation_json(g) for g in second]}))
     engine.close()
 
 

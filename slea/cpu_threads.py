@@ -1,0 +1,25 @@
+"""Each Ray actor computes on the CPUs Ray gave it, no more.
+
+torch starts one intra-op thread per physical core in every process. The learner, each actor
+worker, the evaluator and the library's embedder all run at once in `slea train`, so on a
+2-core machine that is 2 threads each on 2 cores: OpenMP threads that spin while they wait
+and steal time from each other, and the actor-learner overlap buys little. Sizing each
+process's thread pool to its Ray `num_cpus` (at least 1) gives every component its own cores,
+as it would have its own GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def use_assigned_cpus() -> int:
+    """Inside a Ray actor: size torch's thread pool to the actor's CPUs; returns the thread count."""
+    import ray
+
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)
+    threads = max(1, math.floor(cpus))
+    torch.set_num_threads(threads)
+    return threads

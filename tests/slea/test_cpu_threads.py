@@ -1,0 +1,30 @@
+"""Ray actors size torch's thread pool to the CPUs Ray assigned them."""
+
+import pytest
+import ray
+import torch
+
+from slea.cpu_threads import use_assigned_cpus
+
+
+@ray.remote
+class ThreadProbe:
+    def __init__(self):
+        self.threads = use_assigned_cpus()
+
+    def threads_in_use(self) -> tuple[int, int]:
+        return self.threads, torch.get_num_threads()
+
+
+@pytest.fixture(scope="module")
+def two_cpu_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("num_cpus, expected", [(1, 1), (2, 2), (0.5, 1)])
+def test_an_actor_computes_on_its_assigned_cpus(two_cpu_ray, num_cpus, expected):
+    probe = ThreadProbe.options(num_cpus=num_cpus).remote()
+    assert ray.get(probe.threads_in_use.remote()) == (expected, expected)
+    ray.kill(probe)
