@@ -29,13 +29,14 @@ TINY = "tiny"  # model name meaning the randomly initialised tiny test model (sl
 
 def _settings(model: str, run_dir: str, max_new_tokens: int, envs_per_worker: int) -> list[str]:
     """The benchmark's run: configs/local.yaml with no library (its load is the same in both modes
-    and not what is compared), short alfworld episodes, no checkpoint before the end. One worker
+    and not what is compared), short alfworld episodes, no checkpoint before the end, no
+    held-out evaluation. One worker
     plays `envs_per_worker` episodes at once: 8 is the whole batch (2 groups of 4) in one go."""
     return [
         f"run.dir={run_dir}", "run.preset=grpo", f"model.name={model}", f"model.max_new_tokens={max_new_tokens}",
         "envs.max_steps=4", "envs.panel_size=4", "actors.num_workers=1", f"actors.envs_per_worker={envs_per_worker}",
         "actors.group_size=4", "learner.tasks_per_step=2", "learner.checkpoint_every=1000",
-        "monitoring.tensorboard=false", "monitoring.plots=false",
+        "monitoring.tensorboard=false", "monitoring.plots=false", "eval.every=0",
     ]
 
 
