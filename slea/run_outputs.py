@@ -159,7 +159,7 @@ class RunRecorder:
 
 def plot_learning_curves(run_dirs: dict[str, str | Path], out_png: str | Path,
                          key: str = "eval/success_rate") -> Path:
-    """Held-out success over learner steps for several runs on one figure (e.g. SLEA vs GRPO)."""
+    """A held-out metric (success by default) over learner steps for several runs on one figure (SLEA vs GRPO)."""
     lines = {}
     for label, run_dir in run_dirs.items():
         found = series(read_metrics(run_dir), key).get(key)
@@ -168,7 +168,8 @@ def plot_learning_curves(run_dirs: dict[str, str | Path], out_png: str | Path,
                              "it recorded no held-out evaluation yet")
         lines[label] = found
     out = Path(out_png)
-    draw_lines(lines, out, f"held-out panel success ({key})", "success rate", unit_interval=True)
+    draw_lines(lines, out, f"held-out panel: {key}", key.rsplit("/", 1)[-1].replace("_", " "),
+               unit_interval=key.endswith("_rate"))
     return out
 
 
