@@ -86,8 +86,9 @@ def evaluate_engine(engine: GenerationEngine, config: SleaConfig, *, env_name: s
                     panel: str | None = None, samples_per_task: int = 4, ks: list[int] | None = None,
                     budgets: list[int] | None = None, retrieval: RetrievalClient | None = None,
                     library_note: str = "not requested", out_dir: str | Path | None = None,
-                    facts: dict | None = None) -> EvalReport:
-    """Play the panel of `env_name` (default config.envs.name) through `engine`; writes the report if `out_dir`."""
+                    facts: dict | None = None, env_pool: list | None = None) -> EvalReport:
+    """Play the panel of `env_name` (default config.envs.name) through `engine`; writes the report if
+    `out_dir`. With `env_pool` the envs are taken from and left in it (see play_panel)."""
     envs = config.envs
     env_name = env_name or envs.name
     panel = panel or envs.eval_panel
@@ -102,7 +103,7 @@ def evaluate_engine(engine: GenerationEngine, config: SleaConfig, *, env_name: s
     )
     builder = PromptBuilder.from_config(engine.tokenizer, config)
     result = asyncio.run(play_panel(engine, lambda: make_env(env_name, params, envs.max_steps, envs.plugins), tasks,
-                                    builder, retrieval, settings, library_note))
+                                    builder, retrieval, settings, library_note, env_pool))
     template.close()
     facts = {"model": "(engine given directly)", "env": env_name, "panel": panel, "env_params": params,
              "created_at": time.strftime("%Y-%m-%d %H:%M:%S"), **(facts or {})}

@@ -60,6 +60,7 @@ class PanelEvaluator:
         if self.config.eval.panel_size is not None:
             self.config.envs.panel_size = self.config.eval.panel_size
         self.run_dir = Path(run_dir)
+        self.env_pool: list = []  # envs kept across evaluations (actors/evaluation/panel.py says why)
         model = self.config.model
         self.engine = make_engine("transformers", model.name, SamplingSettings(
             temperature=model.temperature, top_p=model.top_p, max_new_tokens=model.max_new_tokens),
@@ -108,6 +109,7 @@ class PanelEvaluator:
             library_note="the run's live library" if retrieval is not None else "the run has no library",
             out_dir=self.run_dir / "eval" / f"step-{learner_step:05d}-v{version:05d}",
             facts={"model": cfg.model.name, "learner_step": learner_step, "policy_version": version},
+            env_pool=self.env_pool,
         ).report
         metrics = eval_metrics(report, with_library=retrieval is not None)
         metrics["eval/seconds"] = time.monotonic() - started

@@ -118,13 +118,16 @@ def check_settings(settings: PanelSettings) -> None:
 
 async def play_panel(engine: GenerationEngine, make_env: Callable[[], TextEnv], tasks: list[EnvTask],
                      builder: PromptBuilder, retrieval: RetrievalClient | None, settings: PanelSettings,
-                     library_note: str) -> PanelResult:
+                     library_note: str, env_pool: list[TextEnv] | None = None) -> PanelResult:
     """Play `tasks` in every mode; with-library rows are marked unavailable when `retrieval` is None."""
     check_settings(settings)
     if not tasks:
         raise ValueError("the evaluation panel is empty")
     library_modes = [False, True] if retrieval is not None else [False]
-    envs: list[TextEnv] = []
+    # A caller that evaluates again and again (the in-training evaluator) lends its pool and keeps
+    # the envs: an ALFWorld env loads a private copy of the planner library when it first plays,
+    # and loading one again after earlier copies were closed crashed that process.
+    envs: list[TextEnv] = [] if env_pool is None else env_pool
     slots = asyncio.Semaphore(settings.max_concurrent)
     outcomes: list[EpisodeOutcome] = []
     wall_s, tokens = {}, {}
@@ -165,8 +168,9 @@ async def play_panel(engine: GenerationEngine, make_env: Callable[[], TextEnv], 
             tokens[decoding] = timers.tokens
     finally:
         engine.sampling = base_sampling
-        for env in envs:
-            env.close()
+        if env_pool is None:
+            for env in envs:
+                env.close()
     retrievals = _retrieval_calls(outcomes, settings.retrieval_mode)
     misses = (retrieval.misses - misses_before) if retrieval is not None else 0
     task_types = defaultdict(int)
