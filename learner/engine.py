@@ -18,7 +18,6 @@ import copy
 import dataclasses
 import math
 import os
-import socket
 import time
 from dataclasses import dataclass
 
@@ -30,6 +29,7 @@ from learner.batch import MicroBatch, TrainSample, collate, plan_micro_batches, 
 from learner.edge import distill_advantages, distill_log_ratio
 from learner.loss import gather_logprobs, ppo_loss, token_entropy
 from slea.config import LearnerConfig
+from slea.ports import free_port
 
 
 def init_distributed() -> tuple[int, int]:
@@ -50,19 +50,13 @@ def _init_single_process(backend: str, attempts: int = 3) -> None:
     inherited from a parent process (that port may still be held there), and another pick if
     the port was taken between choosing and binding it."""
     for attempt in range(attempts):
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(_free_port())
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(free_port())
         try:
             deepspeed.init_distributed(dist_backend=backend)
             return
         except dist.DistNetworkError:
             if attempt == attempts - 1:
                 raise
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def deepspeed_config(cfg: LearnerConfig, world_size: int, bf16: bool) -> dict:

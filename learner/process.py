@@ -10,12 +10,12 @@ follow rank 0 and return from run() when it does.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 
 import ray
 
 from slea.config import SleaConfig
+from slea.ports import free_port
 
 
 @ray.remote(max_concurrency=4)
@@ -34,10 +34,7 @@ class LearnerProcess:
 
     def rendezvous_address(self) -> tuple[str, int]:
         """(this node's IP, a free port on it): where the other ranks find rank 0."""
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return ray.util.get_node_ip_address(), free_port("")
 
     def join(self, master_addr: str | None = None, master_port: int | None = None) -> None:
         """Build this rank's Learner; with several ranks, every rank must be inside join() at once."""

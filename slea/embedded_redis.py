@@ -7,13 +7,14 @@ restarted server (fault-tolerance tests, `slea train --resume`) keeps every ackn
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import redis
+
+from slea.ports import free_port
 
 INSTALL_HINT = (
     "redis-server is not on PATH: install it (Debian/Ubuntu: sudo apt-get install redis-server) "
@@ -23,12 +24,6 @@ INSTALL_HINT = (
 
 class RedisServerMissing(RuntimeError):
     """No redis-server binary to start an embedded server with."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class EmbeddedRedis:

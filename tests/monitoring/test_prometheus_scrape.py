@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,15 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from slea.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 COMPONENT = Path(__file__).with_name("metrics_component.py")
 SHIPPED = REPO / "monitoring/prometheus/prometheus.yml"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def get_json(url: str) -> dict:
