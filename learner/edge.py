@@ -28,26 +28,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from slea.config import ConfigError, SleaConfig
-from slea.records import StepRecord
-
-DEFAULT_DISTILL_COEF = 0.1  # what `run.edge` sets when learner.edge_distill_coef is left at 0
-
-
-def apply_edge_option(config: SleaConfig) -> SleaConfig:
-    """`run.edge`: turn on A/B groups and the distillation (coefficient 0.1 unless one is set)."""
-    if not config.run.edge:
-        return config
-    if not config.library.enabled or config.actors.retrieval_mode == "none":
-        raise ConfigError("run.edge needs the experience library (library.enabled and a retrieval_mode other than "
-                          f"'none'); preset '{config.run.preset}' has none: use preset slea or task_retrieval")
-    if config.actors.group_size < 2:
-        raise ConfigError("run.edge needs actors.group_size >= 2: a group is split into a half with and a half without experiences")
-    config.actors.ab_groups = True
-    if config.learner.edge_distill_coef == 0:
-        config.learner.edge_distill_coef = DEFAULT_DISTILL_COEF
-    return config
-
 
 # -- the gain gate ---------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from actors.envs.registry import UnknownEnvError
-from slea.config import ConfigError, apply_override, load_config, parse_override
+from slea.config import ConfigError, apply_override, dump_config, load_config, parse_override
 from slea.embedded_redis import RedisServerMissing
 
 
@@ -39,6 +39,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from slea.train import train
 
     return train(config, resume_dir=args.resume)
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    """The config a run would train with: the file, the overrides, the preset's fixed keys, every default."""
+    print(dump_config(load_config(args.config, args.overrides)), end="")
+    return 0
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -151,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(train)
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its directory")
     train.set_defaults(func=cmd_train)
+
+    config = commands.add_parser("config", help="inspect run configs")
+    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    config_show = config_commands.add_parser("show", help="print the fully resolved config (presets applied) as YAML")
+    _config_args(config_show, required=True)
+    config_show.set_defaults(func=cmd_config_show)
 
     evaluate = commands.add_parser("eval", help="play an evaluation panel and report success and Pass@(k,T)")
     evaluate.add_argument("model", metavar="CHECKPOINT_OR_MODEL",

@@ -11,11 +11,29 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
     """A run configuration that cannot be used; the message names the offending key."""
+
+
+# The keys each preset fixes: what defines its algorithm. Everything else stays tunable.
+# - slea: the paper's method: the library, retrieval at every step (omega, the advantage mode and the
+#   library's knobs stay free: they are SLEA's hyperparameters, not a different algorithm).
+# - grpo: GRPO as verl-agent runs it (`algorithm.adv_estimator=grpo`): no library, episode-level
+#   advantage only (omega 0), group mean *and* std normalisation (`norm_adv_by_std_in_grpo=True`).
+# - task_retrieval: the ablation of the paper: the library, retrieved once at step 0.
+# - custom: nothing fixed (ablations such as step advantages without a library).
+PRESETS: dict[str, dict[str, Any]] = {
+    "slea": {"library.enabled": True, "actors.retrieval_mode": "step"},
+    "grpo": {"library.enabled": False, "actors.retrieval_mode": "none", "learner.omega": 0.0,
+             "learner.advantage_mode": "mean_std_norm"},
+    "task_retrieval": {"library.enabled": True, "actors.retrieval_mode": "task"},
+    "custom": {},
+}
+EDGE_KEYS: dict[str, Any] = {"actors.ab_groups": True}  # what `run.edge` fixes on top of the preset
+EDGE_DEFAULT_DISTILL_COEF = 0.1  # learner.edge_distill_coef under `run.edge` unless the config gives one
 
 
 class _Section(BaseModel):
@@ -26,8 +44,8 @@ class RunConfig(_Section):
     id: str = Field("local", description="Run id; names the Redis stream slea:<id>:steps and the run directory.")
     dir: str = Field("runs", description="Parent folder of run directories.")
     seed: int = Field(0, description="Seed for task sampling, generation and training.")
-    preset: Literal["slea", "grpo", "task_retrieval"] = Field(
-        "slea", description="Algorithm preset: step retrieval + step advantages, plain GRPO, or retrieval once per task."
+    preset: Literal["slea", "grpo", "task_retrieval", "custom"] = Field(
+        "slea", description="Algorithm preset (PRESETS): step retrieval + step advantages, GRPO as verl-agent runs it, retrieval once per task, or custom (every key as written)."
     )
     edge: bool = Field(False, description="EDGE on top of the preset: A/B groups and gain-gated distillation of the with-experience behaviour into the experience-free policy (learner.edge_distill_coef, 0.1 unless set).")
 
@@ -204,6 +222,43 @@ class SleaConfig(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation during training.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, tree: Any) -> Any:
+        """Fill in the keys that `run.preset` (and `run.edge`) fix. Works on the tree as written, so
+        a key the user gave is told apart from a default: a different value is an error naming both."""
+        if not isinstance(tree, dict):
+            return tree
+        tree = {name: _as_written(section) for name, section in tree.items()}
+        run = tree.get("run") if isinstance(tree.get("run"), dict) else {}
+        fixed = dict(PRESETS.get(run.get("preset", "slea"), {}))
+        if run.get("edge"):
+            fixed.update(EDGE_KEYS)
+        for dotted, value in fixed.items():
+            section_name, key = dotted.split(".")
+            section = tree.setdefault(section_name, {})
+            if not isinstance(section, dict):
+                continue  # pydantic reports the malformed section itself
+            if key in section and section[key] != value:
+                cause = f"run.preset={run.get('preset', 'slea')}" if dotted not in EDGE_KEYS else "run.edge=true"
+                raise ValueError(f"{cause} fixes {dotted}={value!r}, but the config sets {dotted}={section[key]!r}; "
+                                     f"drop one of them (run.preset=custom fixes nothing)")
+            section[key] = value
+        if run.get("edge"):
+            tree.setdefault("learner", {}).setdefault("edge_distill_coef", EDGE_DEFAULT_DISTILL_COEF)
+        return tree
+
+    @model_validator(mode="after")
+    def _edge_is_possible(self) -> "SleaConfig":
+        if self.run.edge:
+            if not self.library.enabled or self.actors.retrieval_mode == "none":
+                raise ValueError("run.edge needs the experience library (library.enabled and a retrieval_mode other than "
+                                 f"'none'); preset '{self.run.preset}' has none: use preset slea or task_retrieval")
+            if self.actors.group_size < 2:
+                raise ValueError("run.edge needs actors.group_size >= 2: a group is split into a half with and a half "
+                                 "without experiences")
+        return self
+
     def stream_key(self) -> str:
         return f"slea:{self.run.id}:steps"
 
@@ -211,8 +266,17 @@ class SleaConfig(_Section):
         return f"slea:{self.run.id}:dead"
 
 
+def _as_written(section: Any) -> Any:
+    """A section as the user gave it, as a fresh dict: a section model counts only the keys set on it."""
+    if isinstance(section, BaseModel):
+        return section.model_dump(exclude_unset=True)
+    return dict(section) if isinstance(section, dict) else section
+
+
 def _describe(error: dict[str, Any]) -> str:
     key = ".".join(str(part) for part in error["loc"]) or "<root>"
+    if error["type"] == "value_error" and not error["loc"]:  # a whole-config rule (presets, run.edge): its own words
+        return str(error["ctx"]["error"])
     if error["type"] == "extra_forbidden":
         return f"unknown key '{key}'"
     if error["type"] == "missing":
@@ -269,6 +333,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Sl
         problems = [_describe(error) for error in exc.errors()]
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ConfigError(problems[0] + more) from None
+
+
+def check_trainable(config: SleaConfig) -> None:
+    """What `slea train` refuses that evaluation allows: the learner's importance ratios compare its
+    log-probs of `logits / T` over the whole vocabulary with the behaviour log-probs the actors
+    recorded, so the actors must sample exactly that distribution."""
+    if config.model.temperature <= 0:
+        raise ConfigError(f"model.temperature={config.model.temperature} is greedy decoding: training needs a sampled "
+                          "policy (temperature > 0); greedy stays available for evaluation (slea eval)")
+    if config.model.top_p < 1:
+        raise ConfigError(f"model.top_p={config.model.top_p}: the learner scores the untruncated distribution at "
+                          "model.temperature, so nucleus-truncated samples would get wrong importance weights; "
+                          "train with top_p 1.0")
 
 
 def dump_config(config: SleaConfig) -> str:

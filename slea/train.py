@@ -25,28 +25,13 @@ from rich.live import Live
 from rich.table import Table
 
 from slea.channels import RAY_NAMESPACE
-from slea.config import SleaConfig
+from slea.config import SleaConfig, check_trainable
 from slea.redis_conn import connect
 from slea.services import STREAM_GROUPS, prepare_run_dir, redis_for_run, sigterm_as_interrupt
 from slea.stream_admin import group_stats, trim_acknowledged
 from slea.streams import ensure_group
 
 POLL_S = 2.0
-
-
-def _apply_preset(config: SleaConfig) -> SleaConfig:
-    """`run.preset`: grpo = no library and omega 0; task_retrieval = retrieve once per episode; then
-    `run.edge`: A/B groups plus gain-gated distillation (learner/edge.py)."""
-    preset = config.run.preset
-    if preset == "grpo":
-        config.library.enabled = False
-        config.actors.retrieval_mode = "none"
-        config.learner.omega = 0.0
-    elif preset == "task_retrieval":
-        config.actors.retrieval_mode = "task"
-    from learner.edge import apply_edge_option  # `run.edge` composes with the preset (imports torch: only here)
-
-    return apply_edge_option(config)
 
 
 def run_metrics(learner: dict, lags: dict[str, int], library: dict | None) -> dict:
@@ -130,7 +115,7 @@ class Progress:
 
 def train(config: SleaConfig, resume_dir: str | None = None) -> int:
     console = Console(stderr=True)
-    config = _apply_preset(config)
+    check_trainable(config)
     run_dir = prepare_run_dir(config, resume_dir)
     console.print(f"[bold]slea train[/] run [cyan]{config.run.id}[/] preset [cyan]{config.run.preset}[/] in {run_dir}")
     interrupts = {"count": 0}

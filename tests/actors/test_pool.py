@@ -29,7 +29,8 @@ def ray_cluster():
 
 def pool_config(run_id, tiny_model_dir, *extra):
     return load_config(None, [
-        f"run.id={run_id}", f"model.name={tiny_model_dir}", "model.max_new_tokens=6", "model.max_prompt_tokens=1024",
+        f"run.id={run_id}", "run.preset=custom", f"model.name={tiny_model_dir}", "model.max_new_tokens=6",
+        "model.max_prompt_tokens=1024",
         "envs.name=alfworld", "envs.params.difficulty=easy", "envs.budgets=[2,3]", "envs.panel_size=4",
         "actors.num_workers=2", "actors.envs_per_worker=4", "actors.group_size=4", "actors.ab_groups=true",
         "actors.num_cpus=0.5", "actors.retrieval_mode=none", *extra,

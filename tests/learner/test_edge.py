@@ -5,9 +5,7 @@ import pytest
 import torch
 
 from learner.edge import (
-    DEFAULT_DISTILL_COEF,
     EpisodeOutcome,
-    apply_edge_option,
     distill_advantages,
     distill_log_ratio,
     distilled,
@@ -17,7 +15,7 @@ from learner.edge import (
     select_teachers,
 )
 from learner.loss import gather_logprobs, ppo_loss
-from slea.config import ConfigError, SleaConfig
+from slea.config import SleaConfig
 from slea.records import StepRecord
 
 
@@ -127,28 +125,6 @@ def test_descending_the_loss_moves_the_students_logprob_toward_the_teachers():
     first, last = gaps[0][0], gaps[-1][0]
     assert first[0] > 0.3 and first[1] < -0.3  # student above the teacher on token 2, below on token 0
     assert last.abs().max() < 0.1 * first.abs().min()
-
-
-# -- the run option --------------------------------------------------------------------------------------
-
-
-def test_run_edge_turns_on_ab_groups_and_the_distillation():
-    config = SleaConfig()
-    config.run.edge = True
-    apply_edge_option(config)
-    assert config.actors.ab_groups and config.learner.edge_distill_coef == DEFAULT_DISTILL_COEF
-    custom = SleaConfig()
-    custom.run.edge, custom.learner.edge_distill_coef = True, 0.02
-    assert apply_edge_option(custom).learner.edge_distill_coef == 0.02  # an explicit coefficient wins
-    off = apply_edge_option(SleaConfig())
-    assert not off.actors.ab_groups and off.learner.edge_distill_coef == 0.0
-
-
-def test_run_edge_without_a_library_is_a_config_error():
-    config = SleaConfig()
-    config.run.edge, config.library.enabled = True, False
-    with pytest.raises(ConfigError, match="run.edge needs the experience library"):
-        apply_edge_option(config)
 
 
 # -- in the trainer (real DeepSpeed on CPU, tiny model) ---------------------------------------------------

@@ -3,8 +3,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from slea.config import ConfigError, SleaConfig, dump_config, load_config
+from slea.config import (
+    EDGE_DEFAULT_DISTILL_COEF,
+    PRESETS,
+    ConfigError,
+    RunConfig,
+    SleaConfig,
+    check_trainable,
+    dump_config,
+    load_config,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,17 +29,101 @@ def test_defaults_match_design():
     assert config.stream_key() == "slea:local:steps" and config.dead_letter_key() == "slea:local:dead"
 
 
-@pytest.mark.parametrize("name", ["local.yaml", "cluster.yaml", "gpu.yaml"])
-def test_shipped_configs_validate(name):
-    config = load_config(REPO / "configs" / name)
-    assert dump_config(config)
+SHIPPED = sorted(path.name for path in (REPO / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_shipped_config_takes_every_preset(name, preset):
+    config = load_config(REPO / "configs" / name, [f"run.preset={preset}"])
+    for dotted, value in PRESETS[preset].items():
+        section, key = dotted.split(".")
+        assert getattr(getattr(config, section), key) == value
+    # The resolved config written into the run directory reads back as the same config (resume).
+    assert load_config_text(dump_config(config)) == config
+
+
+def load_config_text(text: str) -> SleaConfig:
+    return SleaConfig.model_validate(yaml.safe_load(text))
+
+
+def test_grpo_is_verl_agents_grpo():
+    config = load_config(None, ["run.preset=grpo"])
+    assert not config.library.enabled and config.actors.retrieval_mode == "none"
+    assert config.learner.omega == 0.0 and config.learner.advantage_mode == "mean_std_norm"
+
+
+def test_a_preset_never_silently_overwrites_a_key_it_fixes():
+    with pytest.raises(ConfigError, match=r"run\.preset=grpo fixes learner\.omega=0\.0, but the config sets learner\.omega=0\.5"):
+        load_config(None, ["run.preset=grpo", "learner.omega=0.5"])
+    with pytest.raises(ConfigError, match=r"run\.preset=task_retrieval fixes actors\.retrieval_mode='task'"):
+        load_config(None, ["run.preset=task_retrieval", "actors.retrieval_mode=step"])
+    # The same value is no conflict, and keys a preset does not fix stay free.
+    config = load_config(None, ["run.preset=grpo", "learner.omega=0", "learner.gamma=0.9"])
+    assert config.learner.omega == 0.0 and config.learner.gamma == 0.9
+    # custom fixes nothing: an ablation such as step advantages without a library.
+    custom = load_config(None, ["run.preset=custom", "library.enabled=false", "actors.retrieval_mode=none"])
+    assert not custom.library.enabled and custom.learner.omega == 1.0
+
+
+def test_presets_apply_to_configs_built_in_code():
+    assert SleaConfig(run={"preset": "grpo"}).learner.advantage_mode == "mean_std_norm"
+    assert SleaConfig(run=RunConfig(preset="task_retrieval")).actors.retrieval_mode == "task"
+
+
+def test_run_edge_turns_on_ab_groups_and_the_distillation():
+    config = load_config(None, ["run.edge=true"])
+    assert config.actors.ab_groups and config.learner.edge_distill_coef == EDGE_DEFAULT_DISTILL_COEF
+    custom = load_config(None, ["run.edge=true", "learner.edge_distill_coef=0.02"])
+    assert custom.learner.edge_distill_coef == 0.02  # an explicit coefficient wins
+    off = load_config(None, [])
+    assert not off.actors.ab_groups and off.learner.edge_distill_coef == 0.0
+    with pytest.raises(ConfigError, match=r"run\.edge=true fixes actors\.ab_groups=True"):
+        load_config(None, ["run.edge=true", "actors.ab_groups=false"])
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["run.edge=true", "run.preset=grpo"], "run.edge needs the experience library"),
+    (["run.edge=true", "actors.group_size=1"], "run.edge needs actors.group_size >= 2"),
+])
+def test_run_edge_that_cannot_work_is_a_config_error(overrides, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, overrides)
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["model.temperature=0"], "model.temperature=0.0 is greedy decoding"),
+    (["model.top_p=0.9"], "model.top_p=0.9"),
+])
+def test_training_refuses_what_the_learner_cannot_score(overrides, expected):
+    config = load_config(None, overrides)  # a valid config: evaluation may decode greedily
+    with pytest.raises(ConfigError, match=expected):
+        check_trainable(config)
+    check_trainable(load_config(None, ["model.temperature=0.7"]))
+
+
+def test_cli_preset_conflict_exits_2_naming_both_keys():
+    result = subprocess.run([sys.executable, "-m", "slea.cli", "train", str(REPO / "configs/local.yaml"),
+                             "--set", "run.preset=grpo", "--set", "learner.omega=0.5"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "run.preset=grpo" in result.stderr and "learner.omega=0.5" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_config_show_prints_the_resolved_config():
+    result = subprocess.run([sys.executable, "-m", "slea.cli", "config", "show", str(REPO / "configs/local.yaml"),
+                             "--set", "run.preset=grpo"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    shown = yaml.safe_load(result.stdout)
+    assert shown["run"]["preset"] == "grpo" and shown["library"]["enabled"] is False
+    assert shown["learner"]["omega"] == 0.0 and shown["learner"]["advantage_mode"] == "mean_std_norm"
+    assert shown["actors"]["retrieval_mode"] == "none" and shown["envs"]["name"] == "alfworld"  # the file's own keys too
 
 
 def test_overrides_are_typed_yaml():
     config = load_config(REPO / "configs/local.yaml", ["learner.lr=3e-5", "actors.num_workers=3",
-                                                      "envs.params.difficulty=hard", "library.enabled=false"])
+                                                      "envs.params.difficulty=hard", "library.k_warnings=0"])
     assert config.learner.lr == 3e-5 and config.actors.num_workers == 3
-    assert config.envs.params["difficulty"] == "hard" and config.library.enabled is False
+    assert config.envs.params["difficulty"] == "hard" and config.library.k_warnings == 0
 
 
 @pytest.mark.parametrize(

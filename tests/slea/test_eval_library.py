@@ -67,6 +67,6 @@ def test_no_snapshot_and_no_library_are_reported_not_played(tmp_path):
         assert retrieval is None and note.startswith(f"unavailable (run directory {tmp_path} has no library snapshot")
     with eval_library(config, None) as (retrieval, note):
         assert retrieval is None and "no run directory given" in note
-    grpo = load_config(None, ["library.enabled=false"])
+    grpo = load_config(None, ["run.preset=grpo"])
     with eval_library(grpo, tmp_path) as (retrieval, note):
         assert retrieval is None and "library.enabled false" in note
