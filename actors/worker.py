@@ -61,6 +61,11 @@ def abandon_marker(fields: dict, run_id: str) -> StepRecord:
                       abandoned=True)
 
 
+def training_tasks(env: TextEnv, config: SleaConfig, seed: int) -> TaskSampler:
+    """The worker's training tasks: every task an evaluation of this run plays is held out."""
+    return TaskSampler(env, seed=seed, held_out=panel_tasks(env, config.envs.eval_panel, size=config.held_out_panel_size()))
+
+
 class ActorWorker:
     def __init__(self, config: SleaConfig, worker_index: int, client: redis.Redis, engine: GenerationEngine,
                  retrieval: RetrievalClient | None = None, weights=None):
@@ -85,8 +90,7 @@ class ActorWorker:
         if config.actors.synchronous and weights is None:
             raise ValueError("actors.synchronous needs a weight subscriber: the worker waits for each new version")
         template_env = self._new_env()
-        panel = panel_tasks(template_env, config.envs.eval_panel, size=config.envs.panel_size)
-        self._tasks = TaskSampler(template_env, seed=self._rng.getrandbits(31), held_out=panel)
+        self._tasks = training_tasks(template_env, config, seed=self._rng.getrandbits(31))
         self._envs.append(template_env)
 
     # -- environments and tasks -------------------------------------------------------------------

@@ -65,6 +65,24 @@ def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]
     return plan
 
 
+def ppo_schedule(rows: int, mini_batches: int, epochs: int, seed: int) -> tuple[list[list[int]], list[int]]:
+    """How PPO steps through one learner batch: (the mini-batches as row indices, the order of the
+    optimizer steps as indices into them).
+
+    The rows are dealt by a seeded permutation into `mini_batches` parts whose sizes differ by at
+    most one (fewer parts when there are fewer rows). Rows, not task groups, are dealt, as verl
+    splits its batch (`ppo_mini_batch_size`): with one task group per learner step there would be
+    nothing to split. Membership is kept across epochs (so each micro-batch is scored once, before
+    the first update); every epoch after the first visits the mini-batches in a new order."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(rows)
+    parts = [part.tolist() for part in np.array_split(order, min(mini_batches, rows)) if len(part)]
+    steps = list(range(len(parts)))
+    for _ in range(epochs - 1):
+        steps += rng.permutation(len(parts)).tolist()
+    return parts, steps
+
+
 def collate(samples: list[TrainSample], pad_id: int, device: torch.device | str = "cpu") -> MicroBatch:
     """Left-pad samples into one MicroBatch on `device`."""
     total = max(sample.length for sample in samples)

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from learner.batch import TrainSample, collate, plan_micro_batches, response_logits
+from learner.batch import TrainSample, collate, plan_micro_batches, ppo_schedule, response_logits
 from learner.engine import PolicyTrainer
 from learner.loss import gather_logprobs, ppo_loss, token_entropy
 from slea.config import LearnerConfig
@@ -87,47 +87,62 @@ def synthetic_samples(batch_size: int, prompt_tokens: int, response_tokens: int,
     ]
 
 
-def torch_step(model, reference, optimizer, samples: list[TrainSample], cfg: LearnerConfig, pad_id: int, device) -> None:
-    """The same update as PolicyTrainer.train_step, written as a plain PyTorch loop."""
+def torch_step(model, reference, optimizer, samples: list[TrainSample], cfg: LearnerConfig, pad_id: int, device,
+               seed: int) -> None:
+    """The same update as PolicyTrainer.train_step, written as a plain PyTorch loop: score every
+    micro-batch with the weights before the first update (proximal, reference), then one
+    optimizer step per mini-batch in the schedule's order."""
+    mini_batches, steps = ppo_schedule(len(samples), cfg.mini_batches, cfg.ppo_epochs, seed)
     model.train()
-    total_response = sum(len(sample.response_ids) for sample in samples)
-    for indices in plan_micro_batches([sample.length for sample in samples], cfg.micro_batch_tokens):
-        batch = collate([samples[i] for i in indices], pad_id, device)
-        logits = response_logits(model, batch)
-        logprobs = gather_logprobs(logits, batch.response_ids)
-        ref_logprobs = None
-        if reference is not None:
-            with torch.no_grad():
-                ref_logprobs = gather_logprobs(response_logits(reference, batch), batch.response_ids)
-        terms = ppo_loss(
-            logprobs, logprobs.detach(), batch.behaviour_logprobs, batch.advantages, batch.response_mask,
-            clip_low=cfg.clip_low, clip_high=cfg.clip_high, behav_weight_cap=cfg.behav_weight_cap,
-            ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef,
-            entropy=token_entropy(logits) if cfg.entropy_coef > 0 else None, entropy_coef=cfg.entropy_coef,
-            total_tokens=total_response,
-        )
-        terms.loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    scored = []
+    with torch.no_grad():
+        for rows in mini_batches:
+            micro = []
+            for indices in plan_micro_batches([samples[i].length for i in rows], cfg.micro_batch_tokens):
+                batch = collate([samples[rows[i]] for i in indices], pad_id, device)
+                proximal = gather_logprobs(response_logits(model, batch), batch.response_ids)
+                ref = gather_logprobs(response_logits(reference, batch), batch.response_ids) if reference is not None else None
+                micro.append((batch, proximal, ref))
+            scored.append(micro)
+    for index in steps:
+        total_response = sum(len(samples[i].response_ids) for i in mini_batches[index])
+        for batch, proximal, ref_logprobs in scored[index]:
+            logits = response_logits(model, batch)
+            terms = ppo_loss(
+                gather_logprobs(logits, batch.response_ids), proximal, batch.behaviour_logprobs, batch.advantages,
+                batch.response_mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high, behav_weight_cap=cfg.behav_weight_cap,
+                ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef,
+                entropy=token_entropy(logits) if cfg.entropy_coef > 0 else None, entropy_coef=cfg.entropy_coef,
+                total_tokens=total_response,
+            )
+            terms.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
 
 def bench_learner(
     model_name: str = "smollm2-135m-instruct",
-    batch_size: int = 4,
+    batch_size: int = 8,
     prompt_tokens: int = 192,
     response_tokens: int = 64,
     steps: int = 3,
     warmup_steps: int = 1,
     zero_stage: int = 0,
     micro_batch_tokens: int = 1024,
+    mini_batches: int = 4,
+    lr: float = 1e-5,
 ) -> dict:
-    """Tokens/s and peak memory of the DeepSpeed learner step vs a plain torch AdamW loop.
+    """Tokens/s and peak memory of the DeepSpeed learner step vs a plain torch AdamW loop, both
+    taking the same `mini_batches` PPO optimizer steps per batch.
 
     model_name "tiny" uses `slea.models.tiny_model` (a plumbing check, not a throughput figure).
+    The learning rate does not change the cost; it is set high enough (1e-5, the learning configs')
+    that the later mini-batches move the policy past the clip range, so `clip_fraction` shows the
+    PPO clip at work.
     """
     model, tokenizer = tiny_model() if model_name == "tiny" else load_model(model_name)
-    cfg = LearnerConfig(zero_stage=zero_stage, micro_batch_tokens=micro_batch_tokens)
+    cfg = LearnerConfig(zero_stage=zero_stage, micro_batch_tokens=micro_batch_tokens, mini_batches=mini_batches, lr=lr)
     samples = synthetic_samples(batch_size, prompt_tokens, response_tokens, model.config.vocab_size)
     tokens = sum(sample.length for sample in samples)
     pad_id = tokenizer.pad_token_id
@@ -137,8 +152,10 @@ def bench_learner(
     reference = copy.deepcopy(model).to(device).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
     optimizer = torch.optim.AdamW(plain.parameters(), lr=cfg.lr, weight_decay=0.0)
     trainer = PolicyTrainer(model, cfg, pad_id)
-    run_torch = lambda: torch_step(plain, reference, optimizer, samples, cfg, pad_id, device)  # noqa: E731
-    run_deepspeed = lambda: trainer.train_step(samples)  # noqa: E731
+    torch_batches = iter(range(10**9))  # the trainer's schedule seeds: seed 0 + batches trained
+    run_torch = lambda: torch_step(plain, reference, optimizer, samples, cfg, pad_id, device, next(torch_batches))  # noqa: E731
+    deepspeed_stats = []
+    run_deepspeed = lambda: deepspeed_stats.append(trainer.train_step(samples))  # noqa: E731
     for _ in range(warmup_steps):
         run_torch()
         run_deepspeed()
@@ -165,6 +182,9 @@ def bench_learner(
         "sequence_tokens": prompt_tokens + response_tokens,
         "tokens_per_step": tokens,
         "steps": steps,
+        "optimizer_steps_per_batch": deepspeed_stats[-1].optimizer_steps,
+        "clip_fraction": float(np.mean([stats.clip_fraction for stats in deepspeed_stats[warmup_steps:]])),
+        "approx_kl": float(np.mean([stats.approx_kl for stats in deepspeed_stats[warmup_steps:]])),
         "tokens_per_s": tokens / ds_seconds,
         "torch_tokens_per_s": tokens / torch_seconds,
         "ratio": torch_seconds / ds_seconds,

@@ -1,15 +1,23 @@
-"""The DeepSpeed policy trainer: one optimizer step per learner step, micro-batched by tokens.
+"""The DeepSpeed policy trainer: PPO mini-batch updates per learner batch, micro-batched by tokens.
 
 One process on one machine needs no launcher: `init_distributed` fills in the rendezvous
 variables torchrun would set. With several ranks (torchrun, or Ray actors that set the same
-variables), every rank receives the whole batch and trains its share of the micro-batches;
-DeepSpeed averages the gradients.
+variables), every rank receives the whole batch and trains its share of each mini-batch's
+micro-batches; DeepSpeed averages the gradients.
 
-One optimizer step per batch means the proximal policy of decoupled PPO is exactly the current
-weights before the step, so its log-probs are the detached log-probs of the same forward pass:
-no extra forward is needed, and the behaviour -> proximal weight carries all the staleness
-correction. EDGE distillation (`learner.edge_distill_coef`) adds one no-grad forward per
-micro-batch, of the same responses under their teacher prompts (learner/edge.py).
+One learner batch is `learner.ppo_epochs` passes over `learner.mini_batches` mini-batches, one
+optimizer step each, as PPO trains (verl's ppo_mini_batch_size / ppo_epochs, OpenRLHF's
+micro/mini batches). Decoupled PPO (AReaL) needs three policies: the behaviour policy is the
+actor's recorded log-probs; the proximal policy is the learner's weights *before this batch's
+first optimizer step*, scored once by a no-grad forward (`_score_before_updates`); the current
+policy moves with every step, so from the second mini-batch on the ratio current / proximal
+leaves 1 and the clip acts. The frozen reference (KL term) and the EDGE teacher (the proximal
+weights under the teacher prompt, learner/edge.py) are scored in the same pass, once per batch
+rather than once per epoch.
+
+Mini-batch membership is drawn once per batch (a seeded permutation, the same on every rank) and
+kept across epochs, so each rank scores only the rows it will train; each epoch visits the
+mini-batches in a new order.
 """
 
 from __future__ import annotations
@@ -22,10 +30,11 @@ import time
 from dataclasses import dataclass
 
 import deepspeed
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from learner.batch import MicroBatch, TrainSample, collate, plan_micro_batches, response_logits
+from learner.batch import MicroBatch, TrainSample, collate, plan_micro_batches, ppo_schedule, response_logits
 from learner.edge import distill_advantages, distill_log_ratio
 from learner.loss import gather_logprobs, ppo_loss, token_entropy
 from slea.config import LearnerConfig
@@ -87,32 +96,51 @@ def deepspeed_config(cfg: LearnerConfig, world_size: int, bf16: bool) -> dict:
 
 @dataclass
 class StepStats:
-    """What one optimizer step did; token means over the whole batch."""
+    """What one learner batch did: means over its optimizer steps of each step's token mean."""
 
     loss: float  # total loss
     pg_loss: float  # clipped surrogate term
     kl: float  # k3 KL to the reference (0 without one)
     entropy: float  # mean token entropy
     clip_fraction: float  # share of tokens where PPO clipping was active
+    approx_kl: float  # k3 estimate of KL(proximal || current): how far the updates moved the policy
     behav_masked_fraction: float  # share of tokens masked for a too large behaviour weight
     behav_weight: float  # mean behaviour -> proximal importance weight (masked count 0)
-    grad_norm: float  # global gradient norm before clipping
-    lr: float  # learning rate used by this step
-    tokens: int  # real tokens (prompt + response) forwarded, all ranks
+    grad_norm: float  # global gradient norm before clipping, mean over the optimizer steps
+    lr: float  # learning rate of the batch's first optimizer step
+    tokens: int  # real tokens (prompt + response) in the batch, all ranks
     response_tokens: int  # response tokens trained on, all ranks
-    micro_batches: int  # micro-batches this rank ran
-    seconds: float  # wall time of the step
+    optimizer_steps: int  # optimizer steps taken on this batch (mini_batches x ppo_epochs)
+    micro_batches: int  # micro-batch forward/backward passes this rank ran (all epochs)
+    seconds: float  # wall time of the whole batch, scoring pass included
     edge_kl: float = 0.0  # EDGE: mean log pi_student - log pi_teacher over distilled tokens (sampled reverse KL)
     edge_token_fraction: float = 0.0  # EDGE: share of response tokens distilled
+
+
+@dataclass
+class _Scored:
+    """One micro-batch with its no-grad log-probs from before the batch's first update."""
+
+    batch: MicroBatch  # the collated rows
+    real: bool  # False: a repeat that only keeps the ranks' collectives in step (loss weight 0)
+    proximal: torch.Tensor  # [B, Rmax] log-probs under the weights before the first optimizer step
+    reference: torch.Tensor | None  # [B, Rmax] under the frozen reference (None without the KL term)
+    teacher: torch.Tensor | None  # [B, Rmax] EDGE: proximal weights under the teacher prompt (None: not distilling)
+    distilled_rows: torch.Tensor | None  # float [B] EDGE: 1 on rows that carry a teacher prompt
+
+
+LOSS_TERMS = ("loss", "pg_loss", "kl", "entropy", "clip_fraction", "approx_kl", "behav_masked_fraction", "behav_weight")
 
 
 class PolicyTrainer:
     """A causal LM inside a DeepSpeed engine, plus the frozen reference for the KL term."""
 
-    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, pad_id: int, temperature: float = 1.0):
+    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, pad_id: int, temperature: float = 1.0, seed: int = 0):
         self.cfg = cfg
         self.pad_id = pad_id
         self.temperature = temperature  # the actors' sampling temperature: log-probs are of pi_T, as sampled
+        self.seed = seed  # mini-batch draws: seed + batch count, identical on every rank
+        self.batches_trained = 0
         self.rank, self.world_size = init_distributed()
         on_gpu = torch.cuda.is_available()
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu else torch.device("cpu")
@@ -136,86 +164,109 @@ class PolicyTrainer:
         return self.engine.module
 
     def train_step(self, samples: list[TrainSample]) -> StepStats:
-        """One optimizer step on `samples` (every rank passes the same list)."""
+        """PPO on one learner batch (every rank passes the same list): score, then mini-batch updates."""
         start = time.perf_counter()
-        lengths = [sample.length for sample in samples]
-        plan = plan_micro_batches(lengths, self.cfg.micro_batch_tokens)
-        # Every rank must run the same number of forward/backward passes (ZeRO collectives);
-        # a rank short of real micro-batches repeats one with zero weight.
-        per_rank = math.ceil(len(plan) / self.world_size)
-        mine = plan[self.rank :: self.world_size]
-        total_response = sum(len(sample.response_ids) for sample in samples)
-        lr = self.scheduler.get_last_lr()[0]  # what this step uses; the scheduler advances inside engine.step()
-        sums = dict(loss=0.0, pg_loss=0.0, kl=0.0, entropy=0.0, clip_fraction=0.0, behav_masked_fraction=0.0, behav_weight=0.0)
-        edge_sums = dict(edge_kl_sum=0.0, edge_tokens=0.0)  # EDGE distillation: summed log-ratios and their tokens
+        mini_batches, steps = ppo_schedule(len(samples), self.cfg.mini_batches, self.cfg.ppo_epochs,
+                                           self.seed + self.batches_trained)
+        self.batches_trained += 1
         # Same decision on every rank (same samples): under ZeRO-3 the teacher forward is a collective too.
         distilling = self.cfg.edge_distill_coef > 0 and any(len(sample.teacher_prompt_ids) for sample in samples)
-        grad_norm = None
+        lr = self.scheduler.get_last_lr()[0]  # the scheduler advances inside engine.step()
         self.engine.train()
-        for index in range(per_rank):
-            real = index < len(mine)
-            rows = [samples[i] for i in (mine[index] if real else plan[0])]
-            batch = collate(rows, self.pad_id, self.device)
-            teacher = _teacher_batch(rows, self.pad_id, self.device) if distilling else None
-            terms, edge_kl_sum, edge_tokens = self._micro_batch_loss(batch, total_response, teacher)
-            # DeepSpeed averages gradients over ranks; the loss is already a batch-wide token sum.
-            scale = float(self.world_size) if real else 0.0
-            self.engine.set_gradient_accumulation_boundary(index == per_rank - 1)
-            self.engine.backward(terms.loss * scale)
-            if index == per_rank - 1 and self.cfg.zero_stage == 0:
-                # Stage 0 clips with torch and does not keep the norm; read it before the step.
-                grad_norm = _grad_norm(self.engine.module)
-            self.engine.step()
-            if real:
-                for name in sums:
-                    sums[name] += float(getattr(terms, name).detach())
-                edge_sums["edge_kl_sum"] += edge_kl_sum
-                edge_sums["edge_tokens"] += edge_tokens
-        sums = self._sum_over_ranks(sums | edge_sums)
-        edge_kl_sum, edge_tokens = sums.pop("edge_kl_sum"), sums.pop("edge_tokens")
-        if self.cfg.zero_stage > 0:
-            grad_norm = self.engine.get_global_grad_norm()
+        scored = [self._score_before_updates([samples[i] for i in rows], distilling) for rows in mini_batches]
+        sums = dict.fromkeys(LOSS_TERMS, 0.0) | dict(edge_kl_sum=0.0, edge_tokens=0.0, grad_norm=0.0)
+        passes = 0
+        for index in steps:
+            step_sums, grad_norm = self._optimizer_step(scored[index], [samples[i] for i in mini_batches[index]])
+            for name, value in step_sums.items():
+                sums[name] += value
+            sums["grad_norm"] += grad_norm
+            passes += len(scored[index])
+        optimizer_steps = len(steps)
+        summed = self._sum_over_ranks({name: sums.pop(name) for name in (*LOSS_TERMS, "edge_kl_sum", "edge_tokens")})
+        edge_kl_sum, edge_tokens = summed.pop("edge_kl_sum"), summed.pop("edge_tokens")
+        total_response = sum(len(sample.response_ids) for sample in samples)
         return StepStats(
-            **sums,
+            **{name: value / optimizer_steps for name, value in summed.items()},
             edge_kl=edge_kl_sum / edge_tokens if edge_tokens else 0.0,
-            edge_token_fraction=edge_tokens / total_response if total_response else 0.0,
-            grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
+            edge_token_fraction=edge_tokens / (total_response * self.cfg.ppo_epochs) if total_response else 0.0,
+            grad_norm=sums["grad_norm"] / optimizer_steps,
             lr=lr,
-            tokens=sum(lengths),
+            tokens=sum(sample.length for sample in samples),
             response_tokens=total_response,
-            micro_batches=len(mine),
+            optimizer_steps=optimizer_steps,
+            micro_batches=passes,
             seconds=time.perf_counter() - start,
         )
 
-    def _micro_batch_loss(self, batch: MicroBatch, total_response: int, teacher: tuple[MicroBatch, torch.Tensor] | None = None):
-        """(LossTerms, EDGE log-ratio sum, distilled tokens) of a micro-batch. With `teacher` (its teacher-prompt
-        batch and a flag per distilled row) the EDGE log-ratio joins the advantages (learner/edge.py)."""
-        teacher_logprobs = None
-        if teacher is not None:
-            with torch.no_grad():  # the teacher is the current policy under the teacher prompt: no gradient
-                teacher_logprobs = gather_logprobs(response_logits(self.engine, teacher[0], self.temperature), batch.response_ids)
+    @torch.no_grad()
+    def _score_before_updates(self, rows: list[TrainSample], distilling: bool) -> list[_Scored]:
+        """This rank's micro-batches of one mini-batch, with the proximal (and reference, teacher)
+        log-probs of the weights as they are now. Every rank scores the same number of micro-batches
+        (ZeRO collectives); a rank short of real ones repeats one, with loss weight 0."""
+        plan = plan_micro_batches([row.length for row in rows], self.cfg.micro_batch_tokens)
+        mine = plan[self.rank :: self.world_size]
+        scored = []
+        for index in range(math.ceil(len(plan) / self.world_size)):
+            real = index < len(mine)
+            chunk = [rows[i] for i in (mine[index] if real else plan[0])]
+            batch = collate(chunk, self.pad_id, self.device)
+            proximal = gather_logprobs(response_logits(self.engine, batch, self.temperature), batch.response_ids)
+            reference = teacher = distilled_rows = None
+            if self.reference is not None:
+                reference = gather_logprobs(response_logits(self.reference, batch, self.temperature), batch.response_ids)
+            if distilling:
+                teacher_batch, distilled_rows = _teacher_batch(chunk, self.pad_id, self.device)
+                teacher = gather_logprobs(response_logits(self.engine, teacher_batch, self.temperature), batch.response_ids)
+            scored.append(_Scored(batch, real, proximal, reference, teacher, distilled_rows))
+        return scored
+
+    def _optimizer_step(self, scored: list[_Scored], rows: list[TrainSample]) -> tuple[dict[str, float], float]:
+        """One optimizer step on one mini-batch: its token-mean loss, accumulated over this rank's
+        micro-batches. Returns this rank's summed loss terms and the gradient norm before clipping."""
+        total_response = sum(len(row.response_ids) for row in rows)  # the mini-batch's, all ranks
+        sums = dict.fromkeys(LOSS_TERMS, 0.0) | dict(edge_kl_sum=0.0, edge_tokens=0.0)
+        grad_norm = None
+        for index, micro in enumerate(scored):
+            terms, edge_kl_sum, edge_tokens = self._micro_batch_loss(micro, total_response)
+            # DeepSpeed averages gradients over ranks; the loss is already a mini-batch-wide token sum.
+            self.engine.set_gradient_accumulation_boundary(index == len(scored) - 1)
+            self.engine.backward(terms.loss * (float(self.world_size) if micro.real else 0.0))
+            if index == len(scored) - 1 and self.cfg.zero_stage == 0:
+                # Stage 0 clips with torch and does not keep the norm; read it before the step.
+                grad_norm = _grad_norm(self.engine.module)
+            self.engine.step()
+            if micro.real:
+                for name in LOSS_TERMS:
+                    sums[name] += float(getattr(terms, name).detach())
+                sums["edge_kl_sum"] += edge_kl_sum
+                sums["edge_tokens"] += edge_tokens
+        if self.cfg.zero_stage > 0:
+            grad_norm = self.engine.get_global_grad_norm()
+        return sums, float(grad_norm) if grad_norm is not None else float("nan")
+
+    def _micro_batch_loss(self, micro: _Scored, total_response: int):
+        """(LossTerms, EDGE log-ratio sum, distilled tokens) of a micro-batch. With a teacher, the EDGE
+        log-ratio joins the advantages (learner/edge.py)."""
+        batch = micro.batch
         logits = response_logits(self.engine, batch, self.temperature)
         logprobs = gather_logprobs(logits, batch.response_ids)
         entropy = token_entropy(logits) if self.cfg.entropy_coef > 0 else None
-        ref_logprobs = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref_logprobs = gather_logprobs(response_logits(self.reference, batch, self.temperature), batch.response_ids)
         advantages, log_ratio, distill_mask = batch.advantages, None, None
-        if teacher_logprobs is not None:
-            distill_mask = batch.response_mask * teacher[1].unsqueeze(-1)
-            log_ratio = distill_log_ratio(logprobs, teacher_logprobs, distill_mask)
+        if micro.teacher is not None:
+            distill_mask = batch.response_mask * micro.distilled_rows.unsqueeze(-1)
+            log_ratio = distill_log_ratio(logprobs, micro.teacher, distill_mask)
             advantages = distill_advantages(advantages, log_ratio, self.cfg.edge_distill_coef)
         terms = ppo_loss(
             logprobs,
-            logprobs.detach(),  # proximal = weights before this optimizer step (see module docstring)
+            micro.proximal,
             batch.behaviour_logprobs,
             advantages,
             batch.response_mask,
             clip_low=self.cfg.clip_low,
             clip_high=self.cfg.clip_high,
             behav_weight_cap=self.cfg.behav_weight_cap,
-            ref_logprobs=ref_logprobs,
+            ref_logprobs=micro.reference,
             kl_coef=self.cfg.kl_coef,
             entropy=entropy,
             entropy_coef=self.cfg.entropy_coef,

@@ -57,7 +57,8 @@ class Learner:
         if model is None:
             model, tokenizer = load_model(cfg.model.name, cfg.model.dtype)
         self.tokenizer = tokenizer
-        self.trainer = PolicyTrainer(model, cfg.learner, pad_id=tokenizer.pad_token_id, temperature=cfg.model.temperature)
+        self.trainer = PolicyTrainer(model, cfg.learner, pad_id=tokenizer.pad_token_id, temperature=cfg.model.temperature,
+                                     seed=cfg.run.seed)
         self.ranks = RankChannel(self.trainer.rank, self.trainer.world_size)
         self.checkpoint_root = Path(cfg.run.dir) / cfg.run.id / "learner" / "checkpoints"
         self.trace_path = self.checkpoint_root.parent / "trained_groups.jsonl"
@@ -128,6 +129,8 @@ class Learner:
             kl=stats.kl,
             entropy=stats.entropy,
             clip_fraction=stats.clip_fraction,
+            approx_kl=stats.approx_kl,
+            optimizer_steps=stats.optimizer_steps,
             behav_masked_fraction=stats.behav_masked_fraction,
             behav_weight=stats.behav_weight,
             grad_norm=stats.grad_norm,

@@ -29,6 +29,7 @@ class LossTerms:
     kl: torch.Tensor  # scalar, detached: k3 estimate of KL(current || reference) (0 without reference)
     entropy: torch.Tensor  # scalar, detached: mean token entropy (0 when not computed)
     clip_fraction: torch.Tensor  # scalar: share of tokens where the clipped branch was taken
+    approx_kl: torch.Tensor  # scalar: k3 estimate of KL(proximal || current), (r - 1) - log r with r = current / proximal
     behav_masked_fraction: torch.Tensor  # scalar: share of tokens masked for w > behav_weight_cap
     behav_weight: torch.Tensor  # scalar: token mean of the behaviour->proximal weight (masked tokens count 0)
 
@@ -90,13 +91,13 @@ def ppo_loss(
     def token_mean(values: torch.Tensor) -> torch.Tensor:
         return (values * mask).sum() / denominator
 
-    ratio = torch.exp(logprobs - proximal_logprobs.detach())
+    log_ratio = logprobs - proximal_logprobs.detach()
+    ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     pg_tokens = torch.maximum(unclipped, clipped)
 
-    log_weight = (proximal_logprobs - behaviour_logprobs).detach()
-    weight = log_weight.exp()
+    weight = (proximal_logprobs - behaviour_logprobs).detach().exp()
     kept = (weight <= behav_weight_cap).to(logprobs.dtype)
     pg_tokens = pg_tokens * weight * kept
 
@@ -120,6 +121,7 @@ def ppo_loss(
         kl=kl.detach(),
         entropy=mean_entropy.detach(),
         clip_fraction=token_mean((clipped > unclipped).to(logprobs.dtype)).detach(),
+        approx_kl=token_mean((ratio - 1.0) - log_ratio).detach(),
         behav_masked_fraction=token_mean(1.0 - kept).detach(),
         behav_weight=token_mean(weight * kept).detach(),
     )

@@ -7,6 +7,7 @@ from monitoring.metrics import metric
 _GAUGES = {
     "policy_version": "learner_policy_version", "loss": "learner_loss", "pg_loss": "learner_pg_loss",
     "kl": "learner_kl", "entropy": "learner_entropy", "clip_fraction": "learner_clip_fraction",
+    "approx_kl": "learner_approx_kl", "optimizer_steps": "learner_optimizer_steps_per_batch",
     "grad_norm": "learner_grad_norm", "advantage_mean": "learner_advantage_mean",
     "advantage_std": "learner_advantage_std", "tokens_per_s": "learner_tokens_per_second",
 }

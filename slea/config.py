@@ -89,7 +89,7 @@ class EnvsConfig(_Section):
     max_steps: int | None = Field(None, ge=1, description="Step budget per episode; null uses the env's default (ALFWorld 50).")
     budgets: list[int] = Field(default_factory=list, description="Budget-mixed training: sample each episode's step budget from these.")
     eval_panel: str = Field("default", description="Evaluation panel name; training never samples its tasks.")
-    panel_size: int = Field(50, ge=1, description="Tasks in the evaluation panel (held out from training).")
+    panel_size: int = Field(50, ge=1, description="Tasks in the evaluation panel (held out from training, with eval.panel_size's if larger).")
     plugins: dict[str, str] = Field(default_factory=dict, description="Extra envs: name -> 'module:Class' adapter.")
 
 
@@ -121,7 +121,7 @@ class LearnerConfig(_Section):
     anchor: Literal["exact", "cluster"] = Field("exact", description="Anchor states: exact observation text or library cluster key.")
     invalid_penalty: float = Field(0.1, ge=0, description="Penalty on the step whose action was invalid.")
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
-    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in optimizer steps.")
     clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1.")
     clip_high: float = Field(0.28, ge=0, description="PPO ratio clip above 1 (asymmetric, DAPO-style).")
     kl_coef: float = Field(0.01, ge=0, description="KL penalty to the frozen reference policy (low-variance estimator).")
@@ -131,6 +131,8 @@ class LearnerConfig(_Section):
     edge_gain_metric: Literal["success", "return"] = Field("success", description="EDGE: the gain compares A/B success rates or mean episode returns.")
     max_staleness: int = Field(4, ge=0, description="Steps more than this many versions old are dropped.")
     behav_weight_cap: float = Field(5.0, gt=0, description="Decoupled PPO: cap of the behaviour-to-proximal importance weight.")
+    mini_batches: int = Field(4, ge=1, description="PPO mini-batches per learner batch: one optimizer step each (rows dealt at random).")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over a learner batch's mini-batches (optimizer steps = mini_batches x ppo_epochs).")
     micro_batch_tokens: int = Field(4096, ge=16, description="Token budget per micro-batch (gradient accumulation across them).")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage.")
@@ -197,7 +199,7 @@ class MonitoringConfig(_Section):
 
 class EvalConfig(_Section):
     every: int = Field(0, ge=0, description="Held-out panel evaluation every N learner steps, plus before the first and after the last (0 = never).")
-    panel_size: int | None = Field(None, ge=1, description="Panel tasks played while training (null = envs.panel_size).")
+    panel_size: int | None = Field(None, ge=1, description="Panel tasks played while training (null = envs.panel_size); training holds out the larger of the two.")
     samples_per_task: int = Field(2, ge=1, description="Sampled episodes per panel task (plus one greedy).")
     library: bool = Field(True, description="Also play with the run's live library, when the run has one.")
     max_batch: int = Field(16, ge=1, description="Generations batched together by the evaluator's engine.")
@@ -258,6 +260,12 @@ class SleaConfig(_Section):
                 raise ValueError("run.edge needs actors.group_size >= 2: a group is split into a half with and a half "
                                  "without experiences")
         return self
+
+    def held_out_panel_size(self) -> int:
+        """Tasks of the `envs.eval_panel` panel that training never samples: every task any evaluation of
+        this run plays. Panels of one name are prefixes of one sequence (actors/envs/tasks.py), so the
+        larger of the two sizes covers both the in-training evaluator and `slea eval` on the run."""
+        return max(self.envs.panel_size, self.eval.panel_size or 0)
 
     def stream_key(self) -> str:
         return f"slea:{self.run.id}:steps"

@@ -3,7 +3,10 @@
 Each environment's request goes straight into vLLM's async engine, which batches them
 continuously. The response ids and the log-prob of every sampled token come from vLLM
 itself (`logprobs=0` returns the sampled token's log-prob), so what the learner sees is
-exactly what was sampled.
+exactly what was sampled. vLLM's default `logprobs_mode` is `raw_logprobs`, taken *before*
+temperature and top-p; the engine asks for `processed_logprobs`, the distribution the token was
+actually drawn from, which is what the learner scores (`logits / T`, learner/batch.py) and what
+the importance weights need.
 
 Weights, two transports, both loaded in place by every vLLM worker through a worker extension
 (`collective_rpc`, actors/engines/vllm_worker.py), between generations: new requests wait while
@@ -41,7 +44,8 @@ class VllmEngine(GenerationEngine):
 
         self.tokenizer = load_tokenizer(checkpoint)
         self.sampling = sampling
-        args = {"max_model_len": 4096, "enforce_eager": True, "seed": seed, **(engine_args or {})}
+        args = {"max_model_len": 4096, "enforce_eager": True, "seed": seed, **(engine_args or {}),
+                "logprobs_mode": "processed_logprobs"}  # not overridable: the learner's ratios depend on it
         self._args = AsyncEngineArgs(model=checkpoint, dtype=dtype, worker_extension_cls=WORKER_EXTENSION, **args)
         self._engine_factory = AsyncLLM.from_engine_args
         self._engine = None  # created inside the event loop that uses it

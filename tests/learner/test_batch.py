@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from learner.batch import TrainSample, collate, plan_micro_batches, response_logits
+from learner.batch import TrainSample, collate, plan_micro_batches, ppo_schedule, response_logits
 from learner.loss import gather_logprobs
 from slea.models import tiny_model
 
@@ -31,3 +31,13 @@ def test_left_padded_logprobs_match_each_sequence_alone():
             ids = torch.from_numpy(np.concatenate([sample.prompt_ids, sample.response_ids]).astype(np.int64))[None]
             alone = gather_logprobs(model(ids).logits[0, len(sample.prompt_ids) - 1 : -1], ids[0, len(sample.prompt_ids):])
             torch.testing.assert_close(batched[row, batched.shape[1] - len(sample.response_ids):], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_ppo_schedule_deals_rows_into_mini_batches_and_reorders_epochs():
+    parts, steps = ppo_schedule(rows=5, mini_batches=2, epochs=3, seed=0)
+    assert sorted(len(part) for part in parts) == [2, 3] and sorted(sum(parts, [])) == [0, 1, 2, 3, 4]
+    assert steps[:2] == [0, 1] and sorted(steps[2:4]) == [0, 1] and sorted(steps[4:]) == [0, 1] and len(steps) == 6
+    assert ppo_schedule(5, 2, 3, seed=0) == (parts, steps)  # seeded: every rank draws the same
+    assert ppo_schedule(2, 4, 1, seed=0)[0] in ([[0], [1]], [[1], [0]])  # fewer rows than mini-batches: one row each
+    whole, steps = ppo_schedule(6, 1, 1, seed=3)  # one mini-batch: the whole batch in one step
+    assert len(whole) == 1 and sorted(whole[0]) == list(range(6)) and steps == [0]

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from learner.batch import TrainSample
+from learner.bench import torch_step
 from learner.engine import PolicyTrainer, deepspeed_config
 from slea.config import LearnerConfig
 from slea.models import tiny_model
@@ -31,7 +32,8 @@ def test_micro_batching_gives_the_same_update_as_one_batch():
     updated = []
     for budget in (4096, 32):  # one micro-batch vs three (lengths 8+9 | 13 | 25), accumulated
         model, tokenizer = tiny_model()
-        trainer = PolicyTrainer(model, LearnerConfig(lr=1e-3, micro_batch_tokens=budget, warmup_steps=2), tokenizer.pad_token_id)
+        cfg = LearnerConfig(lr=1e-3, micro_batch_tokens=budget, warmup_steps=2, mini_batches=1)
+        trainer = PolicyTrainer(model, cfg, tokenizer.pad_token_id)
         stats = trainer.train_step(samples())
         assert stats.micro_batches == (1 if budget == 4096 else 3)
         assert stats.lr == pytest.approx(5e-4)  # first warm-up step: lr / 2
@@ -44,6 +46,33 @@ def test_micro_batching_gives_the_same_update_as_one_batch():
     # lr (5e-4) either way, so allow a tenth of a step, not bit equality.
     for name, tensor in whole_state.items():
         torch.testing.assert_close(parts_state[name], tensor, atol=5e-5, rtol=1e-5)
+
+
+def test_mini_batches_clip_against_the_weights_before_the_batch():
+    """Four mini-batches, two epochs: eight optimizer steps whose ratios are taken against the
+    weights before the first one, exactly as a plain PyTorch PPO loop does (learner/bench.py
+    `torch_step`); from the second step on the ratio leaves 1 and the clip bites. Before PPO
+    mini-batches the learner took one step per batch with ratio 1: clip_fraction was always 0."""
+    cfg = LearnerConfig(lr=1e-3, mini_batches=4, ppo_epochs=2, micro_batch_tokens=16)
+    model, tokenizer = tiny_model()
+    plain = copy.deepcopy(model)
+    reference = copy.deepcopy(model).eval().requires_grad_(False)
+    trainer = PolicyTrainer(model, cfg, tokenizer.pad_token_id, seed=7)
+    stats = trainer.train_step(samples())
+    assert stats.optimizer_steps == 8 and stats.micro_batches == 8  # one row per mini-batch here, two epochs
+    assert stats.clip_fraction > 0.05 and stats.approx_kl > 0
+    optimizer = torch.optim.AdamW(plain.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0)
+    torch_step(plain, reference, optimizer, samples(), cfg, tokenizer.pad_token_id, torch.device("cpu"), seed=7)
+    ours = trainer.full_state_dict()
+    for name, tensor in plain.state_dict().items():
+        torch.testing.assert_close(ours[name], tensor, atol=5e-5, rtol=1e-4)
+
+
+def test_one_mini_batch_never_clips():
+    """The control: a single optimizer step per batch starts at the proximal weights, ratio 1."""
+    model, tokenizer = tiny_model()
+    stats = PolicyTrainer(model, LearnerConfig(lr=1e-3, mini_batches=1), tokenizer.pad_token_id).train_step(samples())
+    assert stats.optimizer_steps == 1 and stats.clip_fraction == 0.0 and stats.approx_kl == pytest.approx(0.0, abs=1e-7)
 
 
 def test_zero3_trains_and_gathers_full_weights():

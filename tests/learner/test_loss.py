@@ -111,3 +111,12 @@ def test_gather_logprobs_and_entropy_of_uniform():
     logits = torch.zeros(1, 2, 4)
     torch.testing.assert_close(gather_logprobs(logits, torch.tensor([[0, 3]])), torch.full((1, 2), -math.log(4.0)))
     torch.testing.assert_close(token_entropy(logits), torch.full((1, 2), math.log(4.0)))
+
+
+def test_approx_kl_is_k3_of_the_ratio_to_the_proximal_policy():
+    proximal = torch.log(torch.tensor([[0.5, 0.25]]))
+    current = proximal + torch.log(torch.tensor([[1.2, 0.5]]))  # ratios 1.2 and 0.5
+    terms = ppo_loss(current, proximal, proximal, torch.zeros(1), torch.ones(1, 2))
+    # (r - 1) - log r: 0.2 - 0.1823216 = 0.0176784 and -0.5 + 0.6931472 = 0.1931472; token mean 0.1054128
+    assert terms.approx_kl.item() == pytest.approx(0.1054128, abs=1e-6)
+    assert terms.clip_fraction.item() == 0.0  # zero advantage: both branches equal, nothing clipped

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors.torch import save_file
 
-from helpers import forward_logprobs, perturbed_shipped_model
+from helpers import perturbed_shipped_model
+from learner.batch import TrainSample, collate, response_logits
+from learner.loss import gather_logprobs
 
 REPO = Path(__file__).resolve().parents[3]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -29,6 +32,9 @@ def vllm_interpreter() -> str:
 
 @pytest.mark.slow
 def test_vllm_engine_logprobs_and_weight_update(tmp_path):
+    """At the CPU configs' temperature 0.7, vLLM's recorded log-probs are those of the learner's own
+    scoring of the same tokens (logits / T, learner/batch.py), before and after a weight update.
+    With vLLM's default raw log-probs (taken before temperature) they were off by far more."""
     python = vllm_interpreter()
     # The shipped SmolLM2 (vLLM's CPU attention kernels do not take the tiny test model's shapes).
     checkpoint, model, replacement = perturbed_shipped_model(seed=0)
@@ -37,14 +43,25 @@ def test_vllm_engine_logprobs_and_weight_update(tmp_path):
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
     result = subprocess.run(
         [python, str(Path(__file__).with_name("vllm_probe.py")), checkpoint, str(tmp_path / "new.safetensors"),
-         str(tmp_path / "out.json")], capture_output=True, text=True, timeout=900, env=env)
+         str(tmp_path / "out.json"), str(TEMPERATURE)], capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     out = json.loads((tmp_path / "out.json").read_text())
-    for generation in out["before"]:
-        assert generation["policy_version"] == 0 and len(generation["response_ids"]) == len(generation["logprobs"]) > 0
-        expected = forward_logprobs(model, generation["prompt_ids"], generation["response_ids"])
-        np.testing.assert_allclose(generation["logprobs"], expected, atol=1e-3)
-    for generation in out["after"]:
-        assert generation["policy_version"] == 3
-        expected = forward_logprobs(replacement, generation["prompt_ids"], generation["response_ids"])
-        np.testing.assert_allclose(generation["logprobs"], expected, atol=1e-3)
+    for phase, policy, version in (("before", model, 0), ("after", replacement, 3)):
+        for generation in out[phase]:
+            assert generation["policy_version"] == version and len(generation["response_ids"]) == len(generation["logprobs"]) > 0
+            learner = learner_logprobs(policy, generation["prompt_ids"], generation["response_ids"])
+            np.testing.assert_allclose(generation["logprobs"], learner, atol=1e-3)
+            untempered = learner_logprobs(policy, generation["prompt_ids"], generation["response_ids"], temperature=1.0)
+            assert np.abs(np.asarray(generation["logprobs"]) - untempered).max() > 1e-2  # the check can tell the two apart
+
+
+TEMPERATURE = 0.7  # configs/local.yaml's
+
+
+def learner_logprobs(model, prompt_ids, response_ids, temperature: float = TEMPERATURE) -> np.ndarray:
+    """The learner's log-probs of the response: its collation, `response_logits` at T, `gather_logprobs`."""
+    sample = TrainSample(np.asarray(prompt_ids, np.int32), np.asarray(response_ids, np.int32),
+                         np.zeros(len(response_ids), np.float32), 0.0, 0)
+    batch = collate([sample], pad_id=0)
+    with torch.no_grad():
+        return gather_logprobs(response_logits(model, batch, temperature), batch.response_ids)[0].numpy()

@@ -1,7 +1,7 @@
 """Run under the vLLM interpreter (.venv-vllm, or any venv with vllm): drive VllmEngine on a
 checkpoint, swap in other weights, and write what was generated as JSON for the test to check.
 
-usage: python vllm_probe.py CHECKPOINT_DIR NEW_WEIGHTS.safetensors OUT.json
+usage: python vllm_probe.py CHECKPOINT_DIR NEW_WEIGHTS.safetensors OUT.json [TEMPERATURE]
 """
 
 import asyncio
@@ -12,12 +12,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 
-def probe_engine(checkpoint: str):
-    """(a small VllmEngine on `checkpoint`, two chat prompts' token ids) for the probes."""
+def probe_engine(checkpoint: str, temperature: float = 1.0):
+    """(a small VllmEngine on `checkpoint` sampling at `temperature`, two chat prompts' token ids) for the probes."""
     from actors.engines.base import SamplingSettings
     from actors.engines.vllm_engine import VllmEngine
 
-    engine = VllmEngine(checkpoint, SamplingSettings(temperature=1.0, max_new_tokens=10),
+    engine = VllmEngine(checkpoint, SamplingSettings(temperature=temperature, max_new_tokens=10),
                         engine_args={"gpu_memory_utilization": 0.2, "max_model_len": 1024})
     tokenizer = engine.tokenizer
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
@@ -32,10 +32,10 @@ def generation_json(generation) -> dict:
             "text": generation.text}
 
 
-def main(checkpoint: str, new_weights: str, out: str) -> None:
+def main(checkpoint: str, new_weights: str, out: str, temperature: str = "1.0") -> None:
     from safetensors.torch import load_file
 
-    engine, prompts = probe_engine(checkpoint)
+    engine, prompts = probe_engine(checkpoint, float(temperature))
 
     async def scenario():
         first = await asyncio.gather(*(engine.generate(list(p)) for p in prompts))
@@ -50,4 +50,4 @@ def main(checkpoint: str, new_weights: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])
