@@ -17,7 +17,10 @@ def config(tmp_path, run_id, **learner):
     cfg.run.id, cfg.run.dir = run_id, str(tmp_path)
     cfg.actors.group_size = 2
     cfg.redis.block_ms = 50
-    settings = dict(tasks_per_step=1, lr=1e-2, micro_batch_tokens=64, checkpoint_every=100, group_timeout_s=60)
+    # One optimizer step per batch at a large learning rate: each test reads the direction of one update
+    # (PPO mini-batches are tested in tests/learner/test_engine.py).
+    settings = dict(tasks_per_step=1, lr=1e-2, micro_batch_tokens=64, checkpoint_every=100, group_timeout_s=60,
+                    mini_batches=1)
     settings.update(learner)
     for name, value in settings.items():
         setattr(cfg.learner, name, value)
@@ -56,6 +59,7 @@ def test_training_step_from_redis_raises_logprob_of_positive_advantage_actions(t
     assert metrics["steps_trained"] == 4 and metrics["staleness_histogram"] == {0: 4}
     assert metrics["anchor_group_sizes"] == {1: 2, 2: 1}  # the shared first observation
     assert metrics["kl"] == 0.0 and metrics["grad_norm"] > 0 and metrics["tokens_per_s"] > 0
+    assert metrics["optimizer_steps"] == 1 and metrics["clip_fraction"] == 0.0 and metrics["approx_kl"] >= 0.0
     learner.close()
 
 
