@@ -39,9 +39,9 @@ class EnvObservation:
       the last action that changed the state ("You arrive at fridge 1. The fridge 1 is closed.").
 
     A step that leaves the state as it was — an invalid action, or a valid one that only shows
-    something (look, examine, inventory) — keeps the anchor of the state before it. Constant
-    replies ("Nothing happens.", "You are carrying nothing.") never become an anchor: they would
-    put unrelated states into one anchor group and key retrieval on nothing.
+    something (look, examine, inventory) — keeps the anchor of the state before it, so the
+    constant replies of such steps ("Nothing happens.", "You are carrying nothing.") do not become
+    anchors: they would put unrelated states into one anchor group and key retrieval on nothing.
 
     verl-agent's GiGPO (gigpo/core_gigpo.py `build_step_group`) groups by the exact anchor the env
     manager hands it, which for ALFWorld is the engine's raw reply after the step, invalid actions
