@@ -32,6 +32,7 @@ class EpisodeSpec:
     with_experience: bool  # retrieve and inject experiences (False: B half of A/B groups, or grpo)
     retrieval_mode: str  # "step": every step; "task": once at step 0
     teacher_prompt: bool = False  # EDGE distillation (B half): retrieve, do not show, record the prompt with them
+    hidden_retrieval: bool = False  # B half of A/B groups: retrieve, show nothing, record only the anchor cluster
 
 
 @dataclass
@@ -79,13 +80,14 @@ async def play_episode(
     retrieved = Retrieved()
     for step in range(spec.step_budget):
         retrieved_now = False
-        if retrieval is not None and (spec.with_experience or spec.teacher_prompt) and (spec.retrieval_mode == "step" or step == 0):
+        asks = spec.with_experience or spec.hidden_retrieval or spec.teacher_prompt
+        if retrieval is not None and asks and (spec.retrieval_mode == "step" or step == 0):
             retrieve_started = time.perf_counter()
             retrieved = await retrieval.retrieve(observation.anchor_obs, spec.task.task_type, spec.retrieval_mode)
             timers.retrieval_wait_s += time.perf_counter() - retrieve_started
             retrieved_now = True
         tick = time.perf_counter()
-        shown = retrieved if spec.with_experience else Retrieved()  # the B half retrieves only for its teacher
+        shown = retrieved if spec.with_experience else Retrieved()  # the B half retrieves for its cluster and teacher
         prompt_ids, injected = builder.build(history, observation.text, observation.admissible_actions,
                                              shown.experiences)
         teacher_ids = []
@@ -103,7 +105,10 @@ async def play_episode(
         done = outcome.done or step == spec.step_budget - 1
         record = _step_record(spec, step, observation.anchor_obs, generation, action, outcome, done, shown, injected)
         record.teacher_prompt_ids = np.asarray(teacher_ids, dtype=np.int32)
-        if retrieved_now and spec.with_experience:  # in "task" mode later steps keep step 0's experiences, not its cluster
+        # Both halves of an A/B group record the cluster, so with `learner.anchor: cluster` a state
+        # falls in one anchor group whichever half reached it. In "task" mode later steps keep
+        # step 0's experiences, not its cluster.
+        if retrieved_now:
             record.anchor_cluster = retrieved.cluster_id
         emit(record)
         if keep_records:

@@ -1,11 +1,11 @@
 """An actor worker: many environments played concurrently by one engine, streamed to Redis.
 
-The worker launches task groups (the same task G times, optionally A/B and budget-mixed),
-plays their episodes as asyncio tasks sharing one batched engine and one batched retrieval
-client, and XADDs every step as it happens. It does not start new groups while its weights are
-more than `max_staleness` versions behind the learner, or while the learner's stream lag is
-over `redis.max_lag`; it never waits for an update to finish (except in `actors.synchronous`
-mode, the no-overlap baseline that `slea bench async` compares against).
+The worker launches task groups (the same task G times, optionally A/B and budget-mixed with
+one budget per group), plays their episodes as asyncio tasks sharing one batched engine and one
+batched retrieval client, and XADDs every step as it happens. It does not start new groups while
+its weights are more than `max_staleness` versions behind the learner, or while the learner's
+stream lag is over `redis.max_lag`; it never waits for an update to finish (except in
+`actors.synchronous` mode, the no-overlap baseline that `slea bench async` compares against).
 
 Every episode in flight is listed in a Redis hash, so a worker that is restarted (or removed
 from the pool) leaves no half episode that could pass for a complete one: its successor writes
@@ -107,14 +107,18 @@ class ActorWorker:
         group_id = f"g-{uuid.uuid4().hex[:16]}"
         retrieving = actors.retrieval_mode != "none" and self.config.library.enabled and self.retrieval is not None
         size = actors.group_size
+        # Budget-mixed training draws one budget per group: the group's advantages compare its
+        # trajectories with each other, which is fair only under the same horizon.
+        budget = self._rng.choice(envs.budgets) if envs.budgets else self._envs_max_steps()
         specs = []
         for index in range(size):
             with_experience = retrieving and not (actors.ab_groups and index >= size // 2)
-            # EDGE distillation: the B half still retrieves, to record the prompt its teacher would have seen.
-            teacher_prompt = retrieving and not with_experience and self.config.learner.edge_distill_coef > 0
-            budget = self._rng.choice(envs.budgets) if envs.budgets else self._envs_max_steps()
+            # The B half retrieves without showing: for the anchor cluster of each step (so a state
+            # has one cluster key in both halves) and, under EDGE distillation, for its teacher prompt.
+            hidden_retrieval = retrieving and not with_experience
+            teacher_prompt = hidden_retrieval and self.config.learner.edge_distill_coef > 0
             specs.append(EpisodeSpec(self.config.run.id, task, group_id, f"{group_id}-{index}", budget, with_experience,
-                                     actors.retrieval_mode, teacher_prompt))
+                                     actors.retrieval_mode, teacher_prompt, hidden_retrieval))
         return specs
 
     def _envs_max_steps(self) -> int:

@@ -87,7 +87,7 @@ class EnvsConfig(_Section):
     name: str = Field("alfworld", description="Environment name from the registry (or one of `plugins`).")
     params: dict[str, Any] = Field(default_factory=dict, description="Env-specific parameters, e.g. difficulty: easy.")
     max_steps: int | None = Field(None, ge=1, description="Step budget per episode; null uses the env's default (ALFWorld 50).")
-    budgets: list[int] = Field(default_factory=list, description="Budget-mixed training: sample each episode's step budget from these.")
+    budgets: list[int] = Field(default_factory=list, description="Budget-mixed training: sample each group's step budget from these.")
     eval_panel: str = Field("default", description="Evaluation panel name; training never samples its tasks.")
     panel_size: int = Field(50, ge=1, description="Tasks in the evaluation panel (held out from training, with eval.panel_size's if larger).")
     plugins: dict[str, str] = Field(default_factory=dict, description="Extra envs: name -> 'module:Class' adapter.")

@@ -25,10 +25,36 @@ class EnvTask:
 
 @dataclass
 class EnvObservation:
-    """What the agent sees after reset or a step (the raw pieces; prompt templates live in actors/prompts)."""
+    """What the agent sees after reset or a step (the raw pieces; prompt templates live in actors/prompts).
+
+    The anchor is the *state* the agent is in, not the env's last reply. The learner groups the
+    steps of a task group by it (GiGPO's anchor states) and the library clusters and retrieves by
+    it, so two steps share an anchor exactly when the env considers them the same state. Each env
+    says what its state is:
+
+    - envs that render their state use the rendering: the board (frozenlake, sokoban), the page
+      without the "Nothing happens." banner (webshop), the last search results or the question
+      (search_qa);
+    - envs whose engine answers with a transition message (alfworld, textworld) use the message of
+      the last action that changed the state ("You arrive at fridge 1. The fridge 1 is closed.").
+
+    A step that leaves the state as it was — an invalid action, or a valid one that only shows
+    something (look, examine, inventory) — keeps the anchor of the state before it, so the
+    constant replies of such steps ("Nothing happens.", "You are carrying nothing.") do not become
+    anchors: they would put unrelated states into one anchor group and key retrieval on nothing.
+
+    verl-agent's GiGPO (gigpo/core_gigpo.py `build_step_group`) groups by the exact anchor the env
+    manager hands it, which for ALFWorld is the engine's raw reply after the step, invalid actions
+    included (its projection sends them on and the engine answers "Nothing happens."). We match it
+    in grouping by exact anchor within a task group and in using the engine's reply as the state
+    text; we differ in keeping the previous state across invalid and observe-only actions, because
+    those do not move the agent: grouping every post-invalid step of a task group under "Nothing
+    happens." compares returns from unrelated states, which is the noise anchor grouping exists to
+    remove.
+    """
 
     text: str  # observation text shown to the agent for this state
-    anchor_obs: str  # environment text of this state without template or history (anchor for step advantages)
+    anchor_obs: str  # text of the state the agent is in, without template or history (the rule above)
     admissible_actions: list[str]  # actions the env accepts now ([] when any text is allowed)
 
 
@@ -77,7 +103,7 @@ class TextEnv(ABC):
 
     @abstractmethod
     def step(self, action: str | None) -> StepOutcome:
-        """Apply one action (None or unparsable/inadmissible: invalid step, state unchanged, never raises)."""
+        """Apply one action (None or unparsable/inadmissible: invalid step, state and anchor unchanged, never raises)."""
 
     def expert_action(self) -> str | None:
         """The action of a planner/expert for the current state (None if the env has none)."""

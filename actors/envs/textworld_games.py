@@ -13,6 +13,12 @@ Params: `difficulty` "easy" | "medium" | "hard" (default "medium"), `task_types`
 Reward is the game's own score gained by the step (TextWorld's points; tw-simple gives dense
 sub-goal points); won is the game's quest completed. A command that is not admissible is not sent
 to the game: nothing happens, and the step is invalid.
+
+The anchor observation (see `EnvObservation`) is the game's answer to the last command that
+changed the world: the first room at reset, then e.g. "You pick up the type K keycard.". An
+invalid command ("Nothing happens.") and a command that only shows something (look, examine,
+inventory: "You are carrying nothing." reads the same in many states) keep the anchor of the
+state they were issued in.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from actors.envs.base import EnvObservation, EnvTask, ResetOutcome, StepOutcome,
 from actors.envs.registry import register_env
 
 NOTHING_HAPPENS = "Nothing happens."
+# Commands that only show something: Inform's look, examine and inventory change no fact of the world.
+OBSERVING_VERBS = ("look", "examine", "inventory")
 TASK_TYPES = ("coin_collector", "treasure_hunter", "simple", "custom")
 
 # Per difficulty, the generator settings of each task type:
@@ -190,6 +198,7 @@ class TextWorldGamesEnv(TextEnv):
         self._loaded: Path | None = None
         self._state: textworld.GameState | None = None
         self._admissible: list[str] = []
+        self._anchor = ""  # text of the current state: the game's answer to the last command that changed it
         self._steps = 0
         self._done = False
 
@@ -222,10 +231,11 @@ class TextWorldGamesEnv(TextEnv):
         self._admissible = list(self._state["admissible_commands"])
         objective = self._state["objective"] or ""
         room = split_intro(self._state.feedback, objective)
+        self._anchor = room
         return ResetOutcome(self._observation(room), objective.strip(), task.task_type)
 
     def _observation(self, text: str) -> EnvObservation:
-        return EnvObservation(text=text, anchor_obs=text, admissible_actions=list(self._admissible))
+        return EnvObservation(text=text, anchor_obs=self._anchor, admissible_actions=list(self._admissible))
 
     def step(self, action: str | None) -> StepOutcome:
         if self._state is None:
@@ -243,6 +253,8 @@ class TextWorldGamesEnv(TextEnv):
             reward = float(self._state["score"] - previous_score)
             self._admissible = [] if game_over else list(self._state["admissible_commands"])
             text = clean_feedback(self._state.feedback)
+            if not command.lower().startswith(OBSERVING_VERBS):
+                self._anchor = text
         else:
             game_over = False
             text = NOTHING_HAPPENS

@@ -1,4 +1,6 @@
-"""play_episode under EDGE distillation: the B half retrieves for its teacher but never shows it."""
+"""play_episode and the worker's task groups under A/B groups and EDGE distillation: the B half
+retrieves (for its anchor cluster and its teacher) but never shows what it got; one step budget
+per group."""
 
 import asyncio
 
@@ -57,9 +59,9 @@ def test_b_half_records_the_teacher_prompt_and_generates_without_it():
         shown, teacher = TOKENIZER.decode(record.prompt_ids), TOKENIZER.decode(record.teacher_prompt_ids)
         assert record.prompt_ids.tolist() == prompt and LESSON.text not in shown  # generated without the lesson
         assert LESSON.text in teacher and teacher != shown
-        # otherwise a B step as before: nothing injected, no cluster (anchor groups unchanged)
+        # otherwise a B step: nothing injected, but the cluster of its state, as an A step records it
         assert not record.with_experience and record.experience_ids == [] and record.library_version == -1
-        assert record.anchor_cluster == ""
+        assert record.anchor_cluster == "c1"
 
 
 def test_a_half_and_plain_b_half_have_no_teacher_prompt():
@@ -81,6 +83,21 @@ def test_worker_asks_the_b_half_for_a_teacher_prompt_only_when_distilling(redis_
         config.learner.edge_distill_coef = coef
         worker = ActorWorker(config, 0, redis_client, FixedEngine(), retrieval=OneLessonLibrary())
         specs = worker._group_specs(next(worker._tasks))
-        halves[coef] = [(spec.with_experience, spec.teacher_prompt) for spec in specs]
-    assert halves[0.0] == [(True, False), (True, False), (False, False), (False, False)]
-    assert halves[0.1] == [(True, False), (True, False), (False, True), (False, True)]
+        halves[coef] = [(spec.with_experience, spec.hidden_retrieval, spec.teacher_prompt) for spec in specs]
+    # (shown, hidden retrieval, teacher prompt): the B half always retrieves for its anchor cluster
+    assert halves[0.0] == [(True, False, False), (True, False, False), (False, True, False), (False, True, False)]
+    assert halves[0.1] == [(True, False, False), (True, False, False), (False, True, True), (False, True, True)]
+
+
+def test_budget_mixed_training_draws_one_budget_per_group(redis_client):
+    from actors.worker import ActorWorker
+    from slea.config import SleaConfig
+
+    config = SleaConfig()
+    config.run.seed = 11
+    config.envs.name, config.envs.panel_size, config.envs.budgets = "frozenlake", 2, [3, 5, 8]
+    config.actors.group_size = 4
+    worker = ActorWorker(config, 0, redis_client, FixedEngine())
+    group_budgets = [{spec.step_budget for spec in worker._group_specs(next(worker._tasks))} for _ in range(30)]
+    assert all(len(budgets) == 1 for budgets in group_budgets)  # every trajectory of a group has the same horizon
+    assert set().union(*group_budgets) == {3, 5, 8}  # and the groups still mix the budgets

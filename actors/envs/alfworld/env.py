@@ -12,6 +12,12 @@ Games are generated (see `generator`) unless the official ALFWorld games are pre
   panel named so).
 
 Reward is 10 on the step that solves the task (as verl-agent), 0 otherwise.
+
+The anchor observation (see `EnvObservation`) is the feedback of the last command that changed
+the state: the room at reset, then e.g. "You arrive at fridge 1. The fridge 1 is closed.". An
+invalid command ("Nothing happens.") and a command that only shows something (look, examine,
+inventory, help: their answers "You are not carrying anything." or the help text are the same in
+many states) keep the anchor of the state they were issued in.
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ class AlfworldEnv(TextEnv):
         self._steps = 0
         self._done = False
         self._plan: list[str] | None = None  # planner commands from the current state, None: ask the planner
+        self._anchor = ""  # text of the current state: the feedback of the last command that changed it
 
     def _resolve_official_root(self) -> Path | None:
         if self.settings.source == "generated":
@@ -124,10 +131,11 @@ class AlfworldEnv(TextEnv):
         self._state, task_text = self._engine.reset(game_key, game_data)
         self._steps, self._done = 0, False
         self._plan = list(walkthrough) if walkthrough else None
+        self._anchor = self._state.feedback
         return ResetOutcome(self._observation(self._state.feedback), task_text, task.task_type)
 
     def _observation(self, text: str) -> EnvObservation:
-        return EnvObservation(text=text, anchor_obs=text, admissible_actions=list(self._state.admissible_commands))
+        return EnvObservation(text=text, anchor_obs=self._anchor, admissible_actions=list(self._state.admissible_commands))
 
     def step(self, action: str | None) -> StepOutcome:
         if self._state is None:
@@ -142,6 +150,8 @@ class AlfworldEnv(TextEnv):
             self._state = self._engine.step(command)
             self._advance_plan(command)
             text = self._state.feedback
+            if not command.startswith(_OBSERVING_VERBS):  # look/examine/inventory/help leave the state as it was
+                self._anchor = text
         else:
             text = NOTHING_HAPPENS
         won = self._state.won

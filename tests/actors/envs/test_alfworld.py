@@ -86,13 +86,32 @@ def test_invalid_actions_change_nothing(easy_env, action):
     start = easy_env.reset(task).observation
     outcome = easy_env.step(action)
     assert not outcome.action_valid
-    assert outcome.observation.text == outcome.observation.anchor_obs == "Nothing happens."
+    assert outcome.observation.text == "Nothing happens."
+    assert outcome.observation.anchor_obs == start.anchor_obs
     assert outcome.observation.admissible_actions == start.admissible_actions
     assert (outcome.reward, outcome.done, outcome.won) == (0.0, False, False)
     # The state is the start state: the expert still wins from here.
     while not outcome.done:
         outcome = easy_env.step(easy_env.expert_action())
     assert outcome.won
+
+
+def test_anchor_is_the_state_not_the_engines_reply(easy_env):
+    """After an invalid or an observe-only command the anchor is still the state it was issued in,
+    so two different states followed by invalid commands keep two anchors."""
+    start = easy_env.reset(easy_env.make_task(7, "train")).observation
+    after_start = easy_env.step("fly to the moon").observation
+    assert after_start.text == "Nothing happens." and after_start.anchor_obs == start.anchor_obs
+    moved = easy_env.step(next(a for a in start.admissible_actions if a.startswith("go to"))).observation
+    assert moved.text.startswith("You arrive at") and moved.anchor_obs == moved.text  # a move: its reply is the new state
+    after_move = easy_env.step("fly to the moon").observation
+    assert after_move.text == "Nothing happens." and after_move.anchor_obs == moved.anchor_obs
+    assert after_start.anchor_obs != after_move.anchor_obs
+    observe_only = ["inventory", "look", "help"] + [a for a in moved.admissible_actions if a.startswith("examine")]
+    for command in observe_only:
+        shown = easy_env.step(command)
+        assert shown.action_valid and shown.observation.text != moved.anchor_obs, command
+        assert shown.observation.anchor_obs == moved.anchor_obs, command
 
 
 def test_commands_are_alfworlds():

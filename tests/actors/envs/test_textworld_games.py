@@ -61,11 +61,30 @@ def test_invalid_actions_change_nothing(easy_env, action):
     outcome = easy_env.step(action)
     assert not outcome.action_valid
     assert outcome.observation.text == "Nothing happens."
+    assert outcome.observation.anchor_obs == start.anchor_obs
     assert outcome.observation.admissible_actions == start.admissible_actions
     assert (outcome.reward, outcome.done, outcome.won) == (0.0, False, False)
     while not outcome.done:
         outcome = easy_env.step(easy_env.expert_action())
     assert outcome.won
+
+
+def test_anchor_is_the_state_not_the_games_reply(easy_env):
+    """After an invalid or an observe-only command the anchor is still the state it was issued in,
+    so two different states followed by invalid commands keep two anchors."""
+    start = easy_env.reset(task_of_type(easy_env, "simple")).observation
+    after_start = easy_env.step("xyzzy").observation
+    assert after_start.text == "Nothing happens." and after_start.anchor_obs == start.anchor_obs
+    changed = easy_env.step(easy_env.expert_action()).observation
+    assert changed.anchor_obs == changed.text != start.anchor_obs  # a command that changed the world: its reply
+    after_change = easy_env.step("xyzzy").observation
+    assert after_change.text == "Nothing happens." and after_change.anchor_obs == changed.anchor_obs
+    assert after_start.anchor_obs != after_change.anchor_obs
+    observe_only = ["inventory", "look"] + [a for a in changed.admissible_actions if a.startswith("examine")][:2]
+    for command in observe_only:
+        shown = easy_env.step(command)
+        assert shown.action_valid and shown.observation.text != changed.anchor_obs, command
+        assert shown.observation.anchor_obs == changed.anchor_obs, command
 
 
 def test_commands_match_regardless_of_case_and_spacing(easy_env):
