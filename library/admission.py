@@ -3,8 +3,9 @@
 A candidate first meets the items of its zone and task type: a near-duplicate (cosine >=
 dedup threshold) absorbs it. Otherwise its level admits it while there is room; a full level
 admits it only by replacing its minimum-score item, and only if the candidate scores higher.
-Utility follows EDGE: an item's value is how much more often episodes that saw it succeeded
-than comparable episodes (same task group) that did not.
+Utility follows EDGE: an item's value is estimated only where the actors randomised, from the
+A/B halves of a task group, and an item is pruned only when that estimate stays low (see
+`utility_evidence` and `should_prune`).
 """
 
 from __future__ import annotations
@@ -67,38 +68,82 @@ class EpisodeOutcome:
 
     group_id: str  # task group: the comparable episodes
     success: bool  # episode outcome
-    injected_ids: frozenset[str]  # experiences injected at any of its steps
+    injected_ids: frozenset[str]  # experiences shown at any of its steps
+    with_experience: bool  # StepRecord.with_experience: False only in the B half of an A/B group (shown nothing)
 
 
-def utility_evidence(episodes: list[EpisodeOutcome]) -> dict[str, tuple[float | None, int]]:
-    """experience id -> (success rate with it - success rate without it, episodes with it);
-    the difference is None when no episode of its groups went without it.
+@dataclass
+class Evidence:
+    """What one window's episodes say about one item."""
 
-    Compared within each task group only (same task, same policy era): a group where every
-    episode saw the item, or none did, gives exposures but no difference. Differences of
-    several groups are averaged, weighted by the item's exposures in each.
+    exposures: int  # episodes of the window it was shown in, in any group
+    gain: float | None  # A/B gain (see utility_evidence); None when no A/B group showed it this window
+    compared: int  # A-half episodes of A/B groups it was shown in: the sample `gain` averages over
+
+
+def utility_evidence(episodes: list[EpisodeOutcome]) -> dict[str, Evidence]:
+    """experience id -> Evidence, from one window's finished episodes.
+
+    Gain comes only from groups with A/B halves (`actors.ab_groups`: some episodes with
+    `with_experience` False): there the B half was shown nothing, by randomisation, so its
+    success rate is the group's baseline, and the item's gain in the group is the success rate of
+    the A-half episodes that were shown it minus that baseline. Gains of several groups are
+    averaged, weighted by the A-half episodes that saw the item in each.
+
+    Groups without a B half give exposures but no gain. Comparing episodes that were shown an
+    item with episodes of the same group that were not (what this did before) confounds the item
+    with the states that trigger it: with step-level retrieval a warning is shown only to episodes
+    that reached its failure state, so it scored negative however much it helped, and the library
+    pruned its own warnings.
+
+    Matches EDGE in taking the B half as the baseline, as the issue (#12) states EDGE's rule;
+    EDGE's own code could not be found to compare line by line. What it still measures is not a
+    per-item causal effect: only the halves are randomised, not who within the A half is shown
+    an item, so an item cued by failure states is still compared with a B half that includes
+    episodes that never reached them. The alternative, crediting every item shown in the A half
+    with the whole A-minus-B difference, is unbiased for the library as a whole but cannot tell
+    one item from another; the residual bias is why pruning also needs a low utility that
+    persists (`should_prune`).
     """
     by_group: dict[str, list[EpisodeOutcome]] = {}
     for episode in episodes:
         by_group.setdefault(episode.group_id, []).append(episode)
+    exposures: dict[str, int] = {}
     weighted: dict[str, float] = {}
     compared: dict[str, int] = {}
-    exposures: dict[str, int] = {}
     for group in by_group.values():
-        for experience_id in set().union(*(episode.injected_ids for episode in group)):
-            with_it = [episode.success for episode in group if experience_id in episode.injected_ids]
-            without = [episode.success for episode in group if experience_id not in episode.injected_ids]
-            exposures[experience_id] = exposures.get(experience_id, 0) + len(with_it)
-            if without:
-                difference = sum(with_it) / len(with_it) - sum(without) / len(without)
-                weighted[experience_id] = weighted.get(experience_id, 0.0) + difference * len(with_it)
-                compared[experience_id] = compared.get(experience_id, 0) + len(with_it)
+        for episode in group:
+            for experience_id in episode.injected_ids:
+                exposures[experience_id] = exposures.get(experience_id, 0) + 1
+        a_half = [episode for episode in group if episode.with_experience]
+        b_half = [episode.success for episode in group if not episode.with_experience]
+        if not a_half or not b_half:
+            continue
+        baseline = sum(b_half) / len(b_half)
+        for experience_id in set().union(*(episode.injected_ids for episode in a_half)):
+            shown = [episode.success for episode in a_half if experience_id in episode.injected_ids]
+            weighted[experience_id] = weighted.get(experience_id, 0.0) + (sum(shown) / len(shown) - baseline) * len(shown)
+            compared[experience_id] = compared.get(experience_id, 0) + len(shown)
     return {
-        experience_id: (weighted[experience_id] / compared[experience_id] if experience_id in compared else None, count)
+        experience_id: Evidence(count, weighted[experience_id] / compared[experience_id] if experience_id in compared else None,
+                                compared.get(experience_id, 0))
         for experience_id, count in exposures.items()
     }
 
 
-def should_prune(utility: float, exposures: int, min_exposures: int, utility_below: float) -> bool:
-    """Enough exposures that the average means something, and it says the item hurts."""
-    return exposures >= min_exposures and utility < utility_below
+def low_windows_after(utility: float, low_windows: int, at_or_below: float) -> int:
+    """Consecutive windows, among those that gave the item A/B evidence, whose utility ended at or
+    below the threshold: one more if this window's did, back to 0 if it rose above. Windows
+    without evidence are not counted at all (the caller skips them): they say nothing new, and
+    counting them would prune an item on one window's evidence seen twice."""
+    return low_windows + 1 if utility <= at_or_below else 0
+
+
+def should_prune(low_windows: int, compared: int, windows: int, min_exposures: int) -> bool:
+    """EDGE's rule: utility at or below the threshold (-0.25) over at least `windows` (2)
+    consecutive windows. Two additions of ours: the utility compared is the exponential average
+    of the window gains (`library.utility_rate`; 1.0 compares each window's own gain, as the
+    rule reads literally), and at least `min_exposures` A-half episodes must stand behind it, so
+    a rarely shown item is not removed on a few coin flips (two windows of one failed A-half
+    episode each would otherwise suffice)."""
+    return low_windows >= windows and compared >= min_exposures

@@ -35,6 +35,11 @@ class Episode:
     def policy_version(self) -> int:
         return max(step.policy_version for step in self.steps)
 
+    @property
+    def with_experience(self) -> bool:
+        """False in the B half of an A/B group (the actor showed it nothing, by design)."""
+        return self.steps[0].with_experience
+
     def injected_ids(self) -> frozenset[str]:
         return frozenset(experience_id for step in self.steps for experience_id in step.experience_ids)
 

@@ -23,8 +23,10 @@ log = logging.getLogger(__name__)
 def start_writer(config: SleaConfig, redis_url: str, run_dir: str | Path) -> LibraryWriter:
     """The run's library writer, restored from the run directory's latest snapshot if any.
     Call `writer.run(stop)` on a thread of your choice; it snapshots and acks when stopped."""
+    from slea.models import load_tokenizer
+
     cfg = config.library
-    library = Library(cfg, Embedder(cfg.embedding_model, cfg.embedding_cache_size))
+    library = Library(cfg, Embedder(cfg.embedding_model, cfg.embedding_cache_size), load_tokenizer(config.model.name))
     return LibraryWriter(config, connect(config.redis, redis_url), run_dir, library, build_extractor(cfg, config.model.name))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +23,9 @@ from library.embedding import Embedder
 from library.experience import LEVELS, STRATEGY, Candidate, Experience
 from monitoring.metrics import metric
 from slea.config import LibraryConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 COUNTERS = ("admitted", "merged", "rejected", "evicted", "pruned", "clusters_evicted")
 
@@ -41,11 +45,16 @@ class AdmissionReport:
 
 
 class Library:
-    """Clusters + experiences + version; thread-safe (one lock, held briefly)."""
+    """Clusters + experiences + version; thread-safe (one lock, held briefly).
 
-    def __init__(self, cfg: LibraryConfig, embedder: Embedder):
+    `policy_tokenizer` (the run's policy tokenizer, `slea.models.load_tokenizer(model.name)`) is
+    what admission measures an item's prompt line with; only the writer admits, so copies that
+    only follow deltas (Serve replicas) go without it."""
+
+    def __init__(self, cfg: LibraryConfig, embedder: Embedder, policy_tokenizer: PreTrainedTokenizerBase | None = None):
         self.cfg = cfg
         self.embedder = embedder
+        self.policy_tokenizer = policy_tokenizer
         self.lock = threading.RLock()
         self._reset()
 
@@ -124,9 +133,21 @@ class Library:
                 assigned.append(cluster.id)
             return assigned
 
+    def prompt_line_tokens(self, text: str) -> int:
+        """Tokens an item costs the actors' experience budget (`library.max_tokens`): its prompt
+        line `- {text}\n` under the policy tokenizer, counted as actors/prompts.py
+        `PromptBuilder.fit_experiences` counts it (the library may not import actors)."""
+        if self.policy_tokenizer is None:
+            raise RuntimeError("this Library has no policy tokenizer, so it cannot admit: pass "
+                               "policy_tokenizer=slea.models.load_tokenizer(config.model.name) to the writer's Library")
+        return len(self.policy_tokenizer.encode(f"- {text}\n", add_special_tokens=False))
+
     def admit(self, candidates: list[Candidate], quota: dict[str, int]) -> AdmissionReport:
         """Admit candidates best score first. `quota` (zone -> items this window may still add)
-        is decremented by admissions; a candidate beyond it is rejected with reason rate_limit."""
+        is decremented by admissions; a candidate beyond it is rejected with reason rate_limit.
+        A candidate whose prompt line alone exceeds `library.max_tokens` could never be shown
+        (the actor would drop it, and every item ranked after it) and is rejected first, with
+        reason over_token_budget, before it can merge into an item and lengthen it."""
         report = AdmissionReport()
         if not candidates:
             return report
@@ -139,6 +160,10 @@ class Library:
             return report
 
     def _admit_one(self, candidate: Candidate, embedding: np.ndarray, quota: dict[str, int], report: AdmissionReport) -> None:
+        if self.prompt_line_tokens(candidate.text()) > self.cfg.max_tokens:
+            report.rejected.append((candidate.zone, "over_token_budget"))
+            self.counters["rejected"] += 1
+            return
         zone_ids, zone_embeddings = self.zone_matrix(candidate.task_type, candidate.zone)
         level_scores = {e.id: e.score for e in self.experiences.values()
                         if e.zone == candidate.zone and e.level == candidate.level}
@@ -183,22 +208,31 @@ class Library:
         self._index(kept)
         self._mark("experiences", kept.id)
 
-    def apply_utility(self, evidence: dict[str, tuple[float | None, int]], usage: dict[str, int]) -> list[Experience]:
-        """EDGE update from `admission.utility_evidence` and step usage counts; prunes items with
-        enough exposures and persistently negative utility. Returns the pruned items."""
+    def apply_utility(self, evidence: dict[str, admission.Evidence], usage: dict[str, int]) -> list[Experience]:
+        """One window's EDGE update from `admission.utility_evidence` and step usage counts; call
+        it once per extraction window, since the prune rule counts windows. Returns the pruned items.
+
+        Only A/B evidence moves an item: its utility (exponential average of the window's gain),
+        its run of low windows, and so whether it is pruned. A window that gave it no A/B evidence
+        (a run without A/B groups, or it was shown only in groups without a B half) adds exposures
+        and usage and leaves the rest as it was: no evidence, no verdict."""
         pruned = []
         with self.lock:
-            for experience_id, (difference, exposures) in evidence.items():
+            for experience_id, found in evidence.items():
                 experience = self.experiences.get(experience_id)
                 if experience is None:  # evicted or pruned since it was injected
                     continue
-                experience.exposures += exposures
+                experience.exposures += found.exposures
                 experience.usage += usage.get(experience_id, 0)
-                if difference is not None:
-                    experience.utility = admission.exponential_average(experience.utility, difference, self.cfg.utility_rate)
                 self._mark("experiences", experience_id)
-                if admission.should_prune(experience.utility, experience.exposures, self.cfg.prune_min_exposures,
-                                          self.cfg.prune_utility_below):
+                if found.gain is None:
+                    continue
+                experience.compared += found.compared
+                experience.utility = admission.exponential_average(experience.utility, found.gain, self.cfg.utility_rate)
+                experience.low_windows = admission.low_windows_after(experience.utility, experience.low_windows,
+                                                                     self.cfg.prune_utility_at_or_below)
+                if admission.should_prune(experience.low_windows, experience.compared, self.cfg.prune_windows,
+                                          self.cfg.prune_min_exposures):
                     self._remove_experience(experience_id)
                     self.counters["pruned"] += 1
                     pruned.append(experience)

@@ -86,7 +86,7 @@ CATALOGUE: dict[str, MetricSpec] = {
         # experience library (library/)
         MetricSpec("library_experiences", "gauge", "Experiences held per zone and level.", ("zone", "level")),
         MetricSpec("library_admission_events_total", "counter", "Admission outcomes that happened: admitted, merged, rejected, evicted, pruned.", ("zone", "event")),
-        MetricSpec("library_rejections_total", "counter", "Candidates not admitted, by reason (below_minimum, rate_limit).", ("zone", "reason")),
+        MetricSpec("library_rejections_total", "counter", "Candidates not admitted, by reason (below_minimum, rate_limit, over_token_budget).", ("zone", "reason")),
         MetricSpec("library_episodes_total", "counter", "Finished episodes the library processed, by outcome (success, failure, abandoned, duplicate).", ("outcome",)),
         MetricSpec("library_extraction_calls_total", "counter", "Extractions run, by backend and prompt (success: B, failure: C).", ("backend", "prompt")),
         MetricSpec("library_extraction_failures_total", "counter", "Extractions whose output was rejected or that raised, by reason.", ("backend", "reason")),

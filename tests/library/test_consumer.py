@@ -28,8 +28,8 @@ def config(**library) -> SleaConfig:
 _WRITERS: list[LibraryWriter] = []
 
 
-def writer_for(cfg, redis_client, run_dir, embedder, extractor=None):
-    writer = LibraryWriter(cfg, redis_client, run_dir, Library(cfg.library, embedder), extractor or RulesExtractor())
+def writer_for(cfg, redis_client, run_dir, embedder, tokenizer, extractor=None):
+    writer = LibraryWriter(cfg, redis_client, run_dir, Library(cfg.library, embedder, tokenizer), extractor or RulesExtractor())
     _WRITERS.append(writer)
     return writer
 
@@ -46,13 +46,15 @@ def produce(redis_client, cfg, records):
     StreamProducer(redis_client, cfg.stream_key()).send(records)
 
 
-def group_of(group_id, version, *, experience_id=None):
-    """Two successes and two failures of one task, played at policy `version`."""
+def group_of(group_id, version, *, experience_id=None, shown=(0, 2), outcomes=(True, True, False, False), b_half=()):
+    """Four episodes of one task played at policy `version` (two successes, then two failures, by
+    default); those at `shown` were shown `experience_id`; those at `b_half` are the B half of an
+    A/B group (shown nothing)."""
     records = []
-    for index, (actions, success) in enumerate([(WIN, True), (WIN, True), (LOSE, False), (LOSE, False)]):
-        injected = None if experience_id is None or index % 2 else [[experience_id]] * 3
-        records += steps_of(f"{group_id}-e{index}", KITCHEN, actions, success=success, group_id=group_id,
-                            policy_version=version, experience_ids=injected, run_id="libtest")
+    for index, success in enumerate(outcomes):
+        injected = [[experience_id]] * 3 if experience_id is not None and index in shown else None
+        records += steps_of(f"{group_id}-e{index}", KITCHEN, WIN if success else LOSE, success=success, group_id=group_id,
+                            policy_version=version, experience_ids=injected, run_id="libtest", with_experience=index not in b_half)
     return records
 
 
@@ -66,9 +68,9 @@ def drain(writer, rounds=5):
     writer.wait_idle()
 
 
-def test_window_is_distilled_admitted_and_acked_only_after_the_snapshot(redis_client, embedder, tmp_path):
+def test_window_is_distilled_admitted_and_acked_only_after_the_snapshot(redis_client, embedder, policy_tokenizer, tmp_path):
     cfg = config(snapshot_every=100)
-    writer = writer_for(cfg, redis_client, tmp_path, embedder)
+    writer = writer_for(cfg, redis_client, tmp_path, embedder, policy_tokenizer)
     produce(redis_client, cfg, group_of("g1", version=0) + group_of("g2", version=0) + group_of("g3", version=1))
     drain(writer)  # g3 closes the window of version 0 and stays open in the next
     library = writer.library
@@ -83,9 +85,9 @@ def test_window_is_distilled_admitted_and_acked_only_after_the_snapshot(redis_cl
     assert pending(redis_client, cfg) == 0 and latest_snapshot(tmp_path).name == "v000000002.jsonl"
 
 
-def test_abandoned_episodes_are_ignored_and_acked(redis_client, embedder, tmp_path):
+def test_abandoned_episodes_are_ignored_and_acked(redis_client, embedder, policy_tokenizer, tmp_path):
     cfg = config()
-    writer = writer_for(cfg, redis_client, tmp_path, embedder)
+    writer = writer_for(cfg, redis_client, tmp_path, embedder, policy_tokenizer)
     records = steps_of("gone", KITCHEN[:2], WIN[:2], success=False, run_id="libtest")
     records[-1].done, records[-1].abandoned = False, True
     produce(redis_client, cfg, records)
@@ -93,23 +95,63 @@ def test_abandoned_episodes_are_ignored_and_acked(redis_client, embedder, tmp_pa
     assert writer.library.version == 0 and len(writer.buffer) == 0 and pending(redis_client, cfg) == 0
 
 
-def test_utility_from_injected_experiences_reaches_the_items(redis_client, embedder, tmp_path):
-    cfg = config(snapshot_every=1)
-    writer = writer_for(cfg, redis_client, tmp_path, embedder)
+def first_window(writer, redis_client, cfg, zone):
+    """Play a window (version 0) that fills the library; returns its first item of `zone`. The
+    version-1 group that closes it waits in the next window."""
     produce(redis_client, cfg, group_of("g1", version=0) + group_of("g2", version=1))
-    drain(writer)  # window of version 0 applied; g2 waits in the next
-    method = next(e for e in writer.library.experiences.values() if e.level == "method")
-    # g3 and g4 (version 1, with g2): episodes 0 and 2 saw the method (one won, one lost), 1 and 3 did not
-    # (one won, one lost): difference 0 in both groups, 4 exposures of 3 steps; g5 closes the window
+    drain(writer)
+    return next(e for e in writer.library.experiences.values() if e.zone == zone)
+
+
+def test_exposures_reach_the_items_and_groups_without_ab_halves_leave_utility_alone(
+        redis_client, embedder, policy_tokenizer, tmp_path):
+    cfg = config(snapshot_every=1)
+    writer = writer_for(cfg, redis_client, tmp_path, embedder, policy_tokenizer)
+    method = first_window(writer, redis_client, cfg, "strategy")
+    # g3 and g4 (version 1, with g2): episodes 0 and 2 saw the method, 3 steps each; g5 closes the window
     produce(redis_client, cfg, group_of("g3", version=1, experience_id=method.id)
             + group_of("g4", version=1, experience_id=method.id) + group_of("g5", version=2))
     drain(writer)
-    assert method.exposures == 4 and method.usage == 12 and method.utility == pytest.approx(0.0)
+    assert (method.exposures, method.usage, method.utility, method.compared) == (4, 12, 0.0, 0)
     writer.shutdown()
     assert pending(redis_client, cfg) == 0  # snapshot_every=1: every change is durable at once
 
 
-def test_consumption_never_waits_for_extraction(redis_client, embedder, tmp_path):
+def test_a_warning_shown_only_to_failing_episodes_without_ab_halves_is_never_pruned(
+        redis_client, embedder, policy_tokenizer, tmp_path):
+    cfg = config(snapshot_every=100)  # default prune settings
+    writer = writer_for(cfg, redis_client, tmp_path, embedder, policy_tokenizer)
+    warning = first_window(writer, redis_client, cfg, "warning")
+    records = []
+    for version in range(1, 5):  # four windows, each two groups whose two failures (only) were shown the warning
+        records += [r for g in ("a", "b") for r in group_of(f"w{version}{g}", version, experience_id=warning.id, shown=(2, 3))]
+    produce(redis_client, cfg, records + group_of("close", version=5))
+    drain(writer, rounds=10)
+    # before: -1 per window (0/2 with it, 2/2 without), pruned in the second window (8 exposures, utility -0.36 < 0)
+    assert writer.library.experiences.get(warning.id) is warning and writer.library.counters["pruned"] == 0
+    assert (warning.exposures, warning.utility, warning.low_windows) == (16, 0.0, 0)
+
+
+def test_ab_evidence_prunes_after_two_low_windows_across_a_restart(redis_client, embedder, policy_tokenizer, tmp_path):
+    cfg = config(snapshot_every=100, utility_rate=0.5, prune_min_exposures=2)
+    writer = writer_for(cfg, redis_client, tmp_path, embedder, policy_tokenizer)
+    warning = first_window(writer, redis_client, cfg, "warning")
+    ab = dict(experience_id=warning.id, shown=(0, 1), outcomes=(False, False, True, True), b_half=(2, 3))
+    # A half (shown the warning) 0/2, B half 2/2: gain -1, utility 0.5 * -1 = -0.5: a first low window
+    produce(redis_client, cfg, group_of("ab1", version=1, **ab) + group_of("g3", version=2))
+    drain(writer)
+    assert (warning.utility, warning.low_windows, warning.compared) == (pytest.approx(-0.5), 1, 2)
+    writer.shutdown()  # the open window (g3) gives no A/B evidence: the run of low windows stands; snapshot
+
+    restarted = writer_for(cfg, redis_client, tmp_path, embedder, policy_tokenizer)
+    restored = restarted.library.experiences[warning.id]
+    assert (restored.utility, restored.low_windows, restored.compared) == (pytest.approx(-0.5), 1, 2)
+    produce(redis_client, cfg, group_of("ab2", version=3, **ab) + group_of("g4", version=4))
+    drain(restarted)  # utility -0.75: the second low window in a row -> pruned
+    assert warning.id not in restarted.library.experiences and restarted.library.counters["pruned"] == 1
+
+
+def test_consumption_never_waits_for_extraction(redis_client, embedder, policy_tokenizer, tmp_path):
     release = threading.Event()
 
     class SlowExtractor(RulesExtractor):
@@ -118,7 +160,7 @@ def test_consumption_never_waits_for_extraction(redis_client, embedder, tmp_path
             return super().distil_success(episode, existing)
 
     cfg = config()
-    writer = writer_for(cfg, redis_client, tmp_path, embedder, SlowExtractor())
+    writer = writer_for(cfg, redis_client, tmp_path, embedder, policy_tokenizer, SlowExtractor())
     produce(redis_client, cfg, group_of("g1", version=0) + group_of("g2", version=1) + group_of("g3", version=2))
     started = time.monotonic()
     drain_rounds = [writer.poll(block_ms=20) for _ in range(4)]
@@ -129,9 +171,9 @@ def test_consumption_never_waits_for_extraction(redis_client, embedder, tmp_path
     assert writer.library.version >= 2 and pending(redis_client, cfg) == 0
 
 
-def test_restart_resumes_from_snapshot_and_pending_entries_without_double_counting(redis_client, embedder, tmp_path):
+def test_restart_resumes_from_snapshot_and_pending_entries_without_double_counting(redis_client, embedder, policy_tokenizer, tmp_path):
     cfg = config(snapshot_every=100)
-    once = writer_for(cfg, redis_client, tmp_path / "reference", embedder)
+    once = writer_for(cfg, redis_client, tmp_path / "reference", embedder, policy_tokenizer)
     episodes = group_of("g1", version=0) + group_of("g2", version=0) + group_of("g3", version=1)
     produce(redis_client, cfg, episodes)
     drain(once)
@@ -139,11 +181,11 @@ def test_restart_resumes_from_snapshot_and_pending_entries_without_double_counti
     redis_client.delete(cfg.stream_key())
 
     # crash 1: applied, never snapshotted -> the restarted writer re-reads its pending entries and applies them once
-    first = writer_for(cfg, redis_client, tmp_path / "run", embedder)
+    first = writer_for(cfg, redis_client, tmp_path / "run", embedder, policy_tokenizer)
     produce(redis_client, cfg, episodes)
     drain(first)
     assert pending(redis_client, cfg) == 36
-    second = writer_for(cfg, redis_client, tmp_path / "run", embedder)
+    second = writer_for(cfg, redis_client, tmp_path / "run", embedder, policy_tokenizer)
     drain(second)
     assert ({e.text: e.score for e in second.library.experiences.values()}, second.library.counters) == expected
 
@@ -151,7 +193,7 @@ def test_restart_resumes_from_snapshot_and_pending_entries_without_double_counti
     second.consumer.ack = lambda entry_ids: None
     second.shutdown()
     assert pending(redis_client, cfg) == 36 and latest_snapshot(tmp_path / "run").name == "v000000002.jsonl"
-    third = writer_for(cfg, redis_client, tmp_path / "run", embedder)
+    third = writer_for(cfg, redis_client, tmp_path / "run", embedder, policy_tokenizer)
     drain(third)
     assert third.library.version == 2 and pending(redis_client, cfg) == 0  # nothing applied twice, all acked
     assert third.library.counters == second.library.counters

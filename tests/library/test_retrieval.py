@@ -15,8 +15,8 @@ DESK = "You arrive at desk 1. On the desk 1, you see a laptop 1 and a pencil 3."
 
 
 @pytest.fixture
-def library(embedder):
-    library = Library(library_config(), embedder)
+def library(embedder, policy_tokenizer):
+    library = Library(library_config(), embedder, policy_tokenizer)
     quota = {STRATEGY: 10, WARNING: 5}
     library.admit([
         candidate("Open the fridge before looking inside it.", 0.9, observation=FRIDGE),

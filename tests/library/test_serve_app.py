@@ -23,14 +23,14 @@ SINK = "You arrive at sinkbasin 1. On the sinkbasin 1, you see a sponge 2."
 
 
 @pytest.fixture(scope="module")
-def served(redis_server, embedder):
+def served(redis_server, embedder, policy_tokenizer):
     """A writer-side library published to Redis, and the app following it on one replica."""
     client = redis.Redis.from_url(redis_server.url)
     client.flushall()
     lib_values = library_config(http_port=serve_http_port(), max_request_bytes=65_536, max_batch_observations=64,
                                 max_observation_chars=2000).model_dump()
     config = SleaConfig.model_validate({"run": {"id": "servetest"}, "library": lib_values})
-    library = Library(config.library, embedder)
+    library = Library(config.library, embedder, policy_tokenizer)
     library.admit([candidate("Open the fridge before looking inside it.", 0.9, observation=FRIDGE),
                    candidate("Rinse the sponge in the sink.", 0.5, observation=SINK),
                    candidate("Never put the sponge in the fridge.", 0.7, zone=WARNING, level="mistake", observation=FRIDGE)],

@@ -27,7 +27,8 @@ def test_with_library_rows_retrieve_from_the_runs_snapshot(tmp_path):
                                 "library.warmup_versions=0", "library.warmup_experiences=0", "ray.num_cpus=2"])
     env = make_env("frozenlake", max_steps=2)
     tasks = panel_tasks(env, "default", size=2)
-    library = Library(config.library, Embedder())
+    model, tokenizer = tiny_model(seed=4)
+    library = Library(config.library, Embedder(), tokenizer)
     candidates = []
     for task in tasks:  # lessons cued by each panel task's own first board
         board = env.reset(task).observation.anchor_obs
@@ -37,7 +38,6 @@ def test_with_library_rows_retrieve_from_the_runs_snapshot(tmp_path):
     library.commit()
     write_snapshot(tmp_path, snapshot_text(library, []), library.version)
 
-    model, tokenizer = tiny_model(seed=4)
     engine = TransformersEngine(model, tokenizer, SamplingSettings(max_new_tokens=6), max_batch=16)
     try:
         with eval_library(config, tmp_path) as (retrieval, note):

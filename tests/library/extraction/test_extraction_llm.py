@@ -50,13 +50,13 @@ def test_malformed_answers_are_rejected_with_a_reason(answer, reason):
     assert caught.value.reason == reason
 
 
-def test_scripted_generator_counts_rejections_and_admits_valid_output(embedder):
+def test_scripted_generator_counts_rejections_and_admits_valid_output(embedder, policy_tokenizer):
     answers = iter(["not json at all", VALID_B])
     extractor = LLMExtractor(lambda prompt, item_type: next(answers))
     assert extractor.distil_success(SUCCESS, []) == []
     candidates = extractor.distil_success(SUCCESS, [])
     assert extractor.rejected == {"not_json": 1} and extractor.calls == {"B": 2}
-    library = Library(library_config(), embedder)
+    library = Library(library_config(), embedder, policy_tokenizer)
     assert len(library.admit(candidates, {STRATEGY: 10}).admitted) == 2
 
 
@@ -88,6 +88,6 @@ def test_smollm2_guided_answer_is_valid_and_admitted(embedder):
     candidates = extractor.distil_failure(FAILURE, None)
     assert not extractor.rejected, extractor.last_answer
     assert len(candidates) == 1 and candidates[0].zone == WARNING and candidates[0].trigger_observations[0] in OBS
-    library = Library(library_config(), embedder)
+    library = Library(library_config(), embedder, tokenizer)
     report = library.admit(candidates, {WARNING: 5})
     assert len(report.admitted) == 1 and library.counters["admitted"] == 1
