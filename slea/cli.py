@@ -135,7 +135,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from slea.run_outputs import compare_runs
 
     try:
-        table, png = compare_runs(args.runs, args.out, key=args.key)
+        table, png = compare_runs(args.runs, args.out, key=args.key, by_preset=args.by_preset)
     except ValueError as exc:  # a run without the metric
         print(f"slea compare: {exc}", file=sys.stderr)
         return 2
@@ -184,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (labelled by run id and preset)")
     compare.add_argument("--out", default="learning_curves.png", metavar="PNG", help="plot file")
     compare.add_argument("--key", default="eval/success_rate", help="metrics.jsonl key to compare")
+    compare.add_argument("--by-preset", action="store_true",
+                         help="runs of one preset are seeds of one arm: mean, range (min-max) and count per step")
     compare.set_defaults(func=cmd_compare)
 
     play = commands.add_parser("play", help="play episodes of an env with an expert or random policy")

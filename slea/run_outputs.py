@@ -78,11 +78,15 @@ def _is_number(value) -> bool:
 
 
 def draw_lines(lines: dict[str, tuple[list[int], list[float]]], path: Path, title: str, ylabel: str,
-               unit_interval: bool, xlabel: str = "learner step") -> None:
+               unit_interval: bool, xlabel: str = "learner step",
+               bands: dict[str, tuple[list[float], list[float]]] | None = None) -> None:
+    """One line per label; `bands` (label -> lows, highs at the line's steps) shades a spread around it."""
     figure = Figure(figsize=(7, 4))
     axes = figure.subplots()
     for label, (steps, values) in lines.items():
-        axes.plot(steps, values, marker="." if len(steps) < 50 else None, label=label)
+        drawn = axes.plot(steps, values, marker="." if len(steps) < 50 else None, label=label)[0]
+        if bands and label in bands:
+            axes.fill_between(steps, *bands[label], color=drawn.get_color(), alpha=0.15, linewidth=0)
     if unit_interval:
         axes.set_ylim(-0.02, 1.02)
     axes.set_xlabel(xlabel)
@@ -157,37 +161,50 @@ class RunRecorder:
         self.close()
 
 
-def plot_learning_curves(run_dirs: dict[str, str | Path], out_png: str | Path,
-                         key: str = "eval/success_rate") -> Path:
-    """A held-out metric (success by default) over learner steps for several runs on one figure (SLEA vs GRPO)."""
-    lines = {}
-    for label, run_dir in run_dirs.items():
+def compare_runs(run_dirs: list[str | Path], out_png: str | Path, key: str = "eval/success_rate",
+                 by_preset: bool = False) -> tuple[str, Path]:
+    """`slea compare`: a markdown table of `key` per learner step and the plot of the same curves.
+
+    One column per run, labelled "<run id> (<preset>)" from its config.yaml; with `by_preset`, runs
+    of one preset are the seeds of one arm: a column per preset with the mean over its runs, the
+    range (min-max) and how many runs have the step, and the plot draws the mean with the range
+    shaded."""
+    runs = {}
+    for run_dir in run_dirs:
+        run = _run_section(run_dir)
         found = series(read_metrics(run_dir), key).get(key)
         if found is None:
-            raise ValueError(f"run '{label}' ({run_dir}) has no '{key}' in {METRICS_FILE}: "
+            raise ValueError(f"run '{run.get('id', Path(run_dir).name)}' ({run_dir}) has no '{key}' in {METRICS_FILE}: "
                              "it recorded no held-out evaluation yet")
-        lines[label] = found
-    out = Path(out_png)
-    draw_lines(lines, out, f"held-out panel: {key}", key.rsplit("/", 1)[-1].replace("_", " "),
-               unit_interval=key.endswith("_rate"))
-    return out
-
-
-def compare_runs(run_dirs: list[str | Path], out_png: str | Path, key: str = "eval/success_rate") -> tuple[str, Path]:
-    """`slea compare`: a markdown table of `key` per learner step (one column per run) and the
-    plot of the same curves. Runs are labelled "<run id> (<preset>)" from their config.yaml."""
-    import yaml
-
-    labelled = {}
-    for run_dir in run_dirs:
-        config_file = Path(run_dir) / "config.yaml"
-        run = yaml.safe_load(config_file.read_text()).get("run", {}) if config_file.is_file() else {}
-        labelled[f"{run.get('id', Path(run_dir).name)} ({run.get('preset', '?')})"] = run_dir
-    png = plot_learning_curves(labelled, out_png, key)
-    columns = {label: dict(zip(*series(read_metrics(run_dir), key)[key])) for label, run_dir in labelled.items()}
-    steps = sorted({step for values in columns.values() for step in values})
+        label = run.get("preset", "?") if by_preset else f"{run.get('id', Path(run_dir).name)} ({run.get('preset', '?')})"
+        runs.setdefault(label, []).append(dict(zip(*found)))
+    steps = sorted({step for arm in runs.values() for values in arm for step in values})
+    lines, bands, columns = {}, {}, {}
+    for label, arm in runs.items():
+        at = {step: [values[step] for values in arm if step in values] for step in steps}
+        at = {step: found for step, found in at.items() if found}
+        lines[label] = (list(at), [sum(found) / len(found) for found in at.values()])
+        bands[label] = ([min(found) for found in at.values()], [max(found) for found in at.values()])
+        columns[label] = {step: _cell(found, by_preset) for step, found in at.items()}
+    png = Path(out_png)
+    draw_lines(lines, png, f"held-out panel: {key}" + (" (mean over runs, range shaded)" if by_preset else ""),
+               key.rsplit("/", 1)[-1].replace("_", " "), unit_interval=key.endswith("_rate"),
+               bands=bands if by_preset else None)
     rows = [f"| learner step | {' | '.join(columns)} |", "|---" * (len(columns) + 1) + "|"]
     for step in steps:
-        cells = [f"{values[step]:.3f}" if step in values else "-" for values in columns.values()]
-        rows.append(f"| {step} | {' | '.join(cells)} |")
+        rows.append(f"| {step} | {' | '.join(column.get(step, '-') for column in columns.values())} |")
     return "\n".join(rows), png
+
+
+def _run_section(run_dir: str | Path) -> dict:
+    import yaml
+
+    config_file = Path(run_dir) / "config.yaml"
+    return yaml.safe_load(config_file.read_text()).get("run", {}) if config_file.is_file() else {}
+
+
+def _cell(values: list[float], with_spread: bool) -> str:
+    """One run's value, or a mean with its range and count ("0.250 (0.188-0.312, n=2)")."""
+    if not with_spread:
+        return f"{values[0]:.3f}"
+    return f"{sum(values) / len(values):.3f} ({min(values):.3f}-{max(values):.3f}, n={len(values)})"

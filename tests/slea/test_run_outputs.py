@@ -6,7 +6,7 @@ import pytest
 from matplotlib.image import imread
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from slea.run_outputs import RunRecorder, compare_runs, plot_learning_curves, read_metrics, series
+from slea.run_outputs import RunRecorder, compare_runs, read_metrics, series
 
 
 def step_metrics(step: int) -> dict:
@@ -56,12 +56,13 @@ def test_learning_curves_compare_runs_on_held_out_success(tmp_path):
             for step in range(0, 30, 10):
                 recorder.record(step, {"eval/success_rate": rate * step / 10, "learner/loss": 1.0})
                 recorder.record(step + 1, {"learner/loss": 0.9})  # steps without an evaluation
-    out = plot_learning_curves({"SLEA": tmp_path / "slea", "GRPO": tmp_path / "grpo"}, tmp_path / "curves.png")
+    table, out = compare_runs([tmp_path / "slea", tmp_path / "grpo"], tmp_path / "curves.png")
     assert_png(out)
+    assert table.splitlines()[2:] == ["| 0 | 0.000 | 0.000 |", "| 10 | 0.200 | 0.100 |", "| 20 | 0.400 | 0.200 |"]
     with RunRecorder(tmp_path / "empty", tensorboard=False, plots=False) as recorder:
         recorder.record(1, {"learner/loss": 1.0})
     with pytest.raises(ValueError, match="no 'eval/success_rate'"):
-        plot_learning_curves({"empty": tmp_path / "empty"}, tmp_path / "none.png")
+        compare_runs([tmp_path / "empty"], tmp_path / "none.png")
 
 
 def test_an_evaluation_line_merges_into_its_learner_step(tmp_path):
@@ -83,4 +84,21 @@ def test_compare_tabulates_each_run_by_learner_step_and_plots_them(tmp_path):
     assert table.splitlines() == [
         "| learner step | a (slea) | b (grpo) |", "|---|---|---|",
         "| 0 | 0.100 | 0.100 |", "| 4 | - | 0.200 |", "| 5 | 0.300 | - |"]
+    assert_png(png)
+
+
+def test_compare_by_preset_averages_the_seeds_of_each_arm(tmp_path):
+    runs = (("s0", "slea", {0: 0.125, 6: 0.25}), ("s1", "slea", {0: 0.0625, 6: 0.5}), ("g0", "grpo", {0: 0.125, 6: 0.1875}))
+    for run_id, preset, rates in runs:
+        (tmp_path / run_id).mkdir()
+        (tmp_path / run_id / "config.yaml").write_text(f"run:\n  id: {run_id}\n  preset: {preset}\n")
+        with RunRecorder(tmp_path / run_id, tensorboard=False, plots=False) as recorder:
+            for step, rate in rates.items():
+                recorder.record(step, {"eval/success_rate": rate})
+    table, png = compare_runs([tmp_path / run_id for run_id, _, _ in runs], tmp_path / "arms.png", by_preset=True)
+    # slea at step 6: (0.25 + 0.5) / 2 = 0.375, range 0.25-0.5; at step 0: (0.125 + 0.0625) / 2 = 0.09375
+    assert table.splitlines() == [
+        "| learner step | slea | grpo |", "|---|---|---|",
+        "| 0 | 0.094 (0.062-0.125, n=2) | 0.125 (0.125-0.125, n=1) |",
+        "| 6 | 0.375 (0.250-0.500, n=2) | 0.188 (0.188-0.188, n=1) |"]
     assert_png(png)
