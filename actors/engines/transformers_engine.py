@@ -28,6 +28,7 @@ class TransformersEngine(GenerationEngine):
         self.max_batch = max_batch
         self._version = version
         self._staged: tuple[dict, int] | None = None
+        self._weight_names = frozenset(model.state_dict())  # what a weight update must name, exactly
         self._lock = threading.Lock()  # one generate at a time; weights swap between them
         self._batcher = MicroBatcher(lambda prompts: asyncio.to_thread(self.generate_batch, prompts), max_batch)
         torch.manual_seed(seed)  # HF generate samples from the global generator
@@ -44,13 +45,19 @@ class TransformersEngine(GenerationEngine):
         return self._version
 
     def update_weights(self, state_dict: dict, version: int) -> None:
+        """Stage `state_dict`; it must name every parameter and buffer of the model and nothing else
+        (a renamed or missing key would otherwise leave that tensor at its old value, silently)."""
+        missing, unexpected = sorted(self._weight_names - state_dict.keys()), sorted(state_dict.keys() - self._weight_names)
+        if missing or unexpected:
+            raise ValueError(f"weights of version {version} do not match the model, nothing was loaded: missing {missing}, "
+                             f"unexpected {unexpected} (the learner and the actors must load the same architecture)")
         with self._lock:
             self._staged = (state_dict, version)
 
     def _apply_staged_weights(self) -> None:
         if self._staged is not None:
             state_dict, version = self._staged
-            self.model.load_state_dict(state_dict, strict=False)
+            self.model.load_state_dict(state_dict, strict=True)
             self._version, self._staged = version, None
 
     # -- synchronous batch -------------------------------------------------------------------
