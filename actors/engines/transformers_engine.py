@@ -15,7 +15,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from actors.batching import MicroBatcher
-from actors.engines.base import Generation, GenerationEngine, SamplingSettings
+from actors.engines.base import Generation, GenerationEngine, SamplingSettings, check_weight_names
 from slea.models import load_model
 
 
@@ -45,12 +45,9 @@ class TransformersEngine(GenerationEngine):
         return self._version
 
     def update_weights(self, state_dict: dict, version: int) -> None:
-        """Stage `state_dict`; it must name every parameter and buffer of the model and nothing else
-        (a renamed or missing key would otherwise leave that tensor at its old value, silently)."""
-        missing, unexpected = sorted(self._weight_names - state_dict.keys()), sorted(state_dict.keys() - self._weight_names)
-        if missing or unexpected:
-            raise ValueError(f"weights of version {version} do not match the model, nothing was loaded: missing {missing}, "
-                             f"unexpected {unexpected} (the learner and the actors must load the same architecture)")
+        """Stage `state_dict` if it names every parameter and persistent buffer of the model and
+        nothing else (the learner sends its full state dict, tied lm_head included)."""
+        check_weight_names(state_dict, self._weight_names)
         with self._lock:
             self._staged = (state_dict, version)
 

@@ -28,7 +28,7 @@ def vllm_interpreter() -> str:
 
 
 @pytest.mark.slow
-def test_vllm_engine_logprobs_and_weight_update(tmp_path):
+def test_vllm_engine_logprobs_weight_update_and_a_renamed_key_refused(tmp_path):
     python = vllm_interpreter()
     # The shipped SmolLM2 (vLLM's CPU attention kernels do not take the tiny test model's shapes).
     checkpoint, model, replacement = perturbed_shipped_model(seed=0)
@@ -48,3 +48,5 @@ def test_vllm_engine_logprobs_and_weight_update(tmp_path):
         assert generation["policy_version"] == 3
         expected = forward_logprobs(replacement, generation["prompt_ids"], generation["response_ids"])
         np.testing.assert_allclose(generation["logprobs"], expected, atol=1e-3)
+    assert out["refused"] is not None and "missing ['model.norm.weight'], unexpected ['model.norm.bias']" in out["refused"]
+    assert out["version_after_refusal"] == 3
