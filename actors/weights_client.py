@@ -28,6 +28,7 @@ from slea.channels import RAY_NAMESPACE, weight_registry_name
 
 log = logging.getLogger(__name__)
 
+
 class WeightSubscriber:
     def __init__(self, run_id: str, worker_label: str = "0", poll_interval_s: float = 0.5,
                  transport: str = "object_store", receiver=None):
