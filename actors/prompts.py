@@ -154,15 +154,17 @@ class PromptBuilder:
                    max_experience_tokens=config.library.max_tokens, style=config.actors.prompt_style)
 
     def fit_experiences(self, experiences: list[Experience]) -> list[Experience]:
-        """Keep experiences in rank order while their lines fit the experience token budget
-        (the fixed header line is not counted: the budget is for lessons, as in the paper)."""
+        """Keep, in rank order, every experience whose line still fits the experience token budget
+        (the fixed header line is not counted: the budget is for lessons, as in the paper).
+
+        One that does not fit is skipped, not the end of the list: the library ranks strategies
+        before warnings, so stopping at a long strategy would silently drop the warning after it."""
         kept, used = [], 0
         for experience in experiences:
             cost = len(self.tokenizer.encode(f"- {experience.text}\n", add_special_tokens=False))
-            if used + cost > self.max_experience_tokens:
-                break
-            kept.append(experience)
-            used += cost
+            if used + cost <= self.max_experience_tokens:
+                kept.append(experience)
+                used += cost
         return kept
 
     def build(self, history: TurnHistory, observation: str, admissible_actions: list[str],

@@ -8,10 +8,15 @@ receive a broadcast (vLLM: `join_weight_group`), the subscriber instead register
 worker with the registry as a receiver, and the learner pushes every version into the engine
 itself (learner/weight_push.py); polling then only follows the learner's version. Other engines
 (transformers) keep staging from the object store.
+
+An engine refuses weights whose names do not match its model (actors.engines.base.check_weight_names):
+that version is logged as an error and skipped, the engine keeps generating with (and tagging
+steps by) the weights it has, and the growing version lag shows on the dashboards and alerts.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 
@@ -20,6 +25,8 @@ import ray
 from actors.engines.base import GenerationEngine
 from monitoring.metrics import metric
 from slea.channels import RAY_NAMESPACE, weight_registry_name
+
+log = logging.getLogger(__name__)
 
 
 class WeightSubscriber:
@@ -34,6 +41,7 @@ class WeightSubscriber:
         self.learner_version = 0  # latest version the learner has published (0: the initial weights)
         self._registry = None
         self._staged_version = 0  # newest version handed to the engine (it applies it before its next generation)
+        self._refused_version = -1  # newest version the engine refused (not fetched again)
 
     def _find_registry(self):
         if self._registry is None:
@@ -68,8 +76,16 @@ class WeightSubscriber:
         if latest is None:
             return False
         version, ref = latest
+        if version == self._refused_version:
+            return False  # wait for a newer version rather than fetch this one again
         state_dict = await ref
-        engine.update_weights(state_dict, version)
+        try:
+            engine.update_weights(state_dict, version)
+        except ValueError as exc:  # names do not match the engine's model: nothing was loaded
+            self._refused_version = version
+            log.error("weights of version %d refused, still generating with version %d: %s",
+                      version, engine.policy_version, exc)
+            return False
         self._staged_version = version
         metric("actor_weight_updates_total").labels(worker=self.worker_label).inc()
         return True

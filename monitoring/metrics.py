@@ -76,8 +76,8 @@ CATALOGUE: dict[str, MetricSpec] = {
                    (1, 2, 3, 5, 8, 10, 15, 20, 30, 50, 100)),
         MetricSpec("actor_invalid_actions_total", "counter", "Steps whose action was unparsable or inadmissible.", ("env",)),
         MetricSpec("actor_retrieval_seconds", "histogram", "Latency of one batched retrieval call from an actor."),
-        MetricSpec("actor_retrieval_misses_total", "counter", "Steps that went ahead without experiences, by reason.",
-                   ("reason",)),
+        MetricSpec("actor_retrieval_requests_total", "counter", "Observations an actor retrieved for, by outcome (hit, empty, "
+                   "timeout, error, unavailable).", ("outcome",)),
         MetricSpec("actor_policy_version", "gauge", "Policy version an actor worker generates with.", ("worker",)),
         MetricSpec("actor_version_lag", "gauge", "Learner version minus the worker's policy version.", ("worker",)),
         MetricSpec("actor_throttled_seconds_total", "counter", "Time a worker held back new groups, by reason.",

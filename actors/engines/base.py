@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,7 +55,25 @@ class GenerationEngine(ABC):
 
     @abstractmethod
     def update_weights(self, state_dict: dict, version: int) -> None:
-        """Stage new weights; they take effect before the next generation starts."""
+        """Stage new weights; they take effect before the next generation starts. The state dict
+        names exactly the model's tensors (see `check_weight_names`)."""
 
     def close(self) -> None:
         """Release the engine's resources."""
+
+
+def check_weight_names(given: Iterable[str], expected: Iterable[str], tied: Iterable[str] = ()) -> None:
+    """Refuse a weight update that does not name exactly the model's tensors, before anything is
+    loaded: a missing or renamed key would leave that tensor at its old value while generations
+    are tagged with the new version (torch's non-strict load and vLLM's loader only warn).
+    `tied` names alias another tensor (lm_head tied to the embeddings) and may be given or not."""
+    tied = set(tied)
+    given, expected = set(given) - tied, set(expected) - tied
+    missing, unexpected = sorted(expected - given), sorted(given - expected)
+    if missing or unexpected:
+        raise ValueError(f"weights do not match the model, nothing was loaded: missing {_listed(missing)}, "
+                         f"unexpected {_listed(unexpected)} (the learner and the actors must load the same architecture)")
+
+
+def _listed(names: list[str], most: int = 10) -> str:
+    return str(names) if len(names) <= most else f"{names[:most]} and {len(names) - most} more"

@@ -15,7 +15,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from actors.batching import MicroBatcher
-from actors.engines.base import Generation, GenerationEngine, SamplingSettings
+from actors.engines.base import Generation, GenerationEngine, SamplingSettings, check_weight_names
 from slea.models import load_model
 
 
@@ -28,6 +28,7 @@ class TransformersEngine(GenerationEngine):
         self.max_batch = max_batch
         self._version = version
         self._staged: tuple[dict, int] | None = None
+        self._weight_names = frozenset(model.state_dict())  # what a weight update must name, exactly
         self._lock = threading.Lock()  # one generate at a time; weights swap between them
         self._batcher = MicroBatcher(lambda prompts: asyncio.to_thread(self.generate_batch, prompts), max_batch)
         torch.manual_seed(seed)  # HF generate samples from the global generator
@@ -44,13 +45,16 @@ class TransformersEngine(GenerationEngine):
         return self._version
 
     def update_weights(self, state_dict: dict, version: int) -> None:
+        """Stage `state_dict` if it names every parameter and persistent buffer of the model and
+        nothing else (the learner sends its full state dict, tied lm_head included)."""
+        check_weight_names(state_dict, self._weight_names)
         with self._lock:
             self._staged = (state_dict, version)
 
     def _apply_staged_weights(self) -> None:
         if self._staged is not None:
             state_dict, version = self._staged
-            self.model.load_state_dict(state_dict, strict=False)
+            self.model.load_state_dict(state_dict, strict=True)
             self._version, self._staged = version, None
 
     # -- synchronous batch -------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file
 
+from actors.engines.base import check_weight_names
 from slea.weight_group import WeightGroup, join_store, receive_weights
 
 
@@ -15,13 +16,14 @@ class WeightLoader:
 
     Two ways in: `slea_load_weights` (a safetensors file in shared memory, the object-store
     transport) and `slea_receive_weights` (a broadcast from the learner on the group joined by
-    `slea_init_weight_group`, the collective transport; see slea/weight_group.py)."""
+    `slea_init_weight_group`, the collective transport; see slea/weight_group.py).
+
+    Either way the names are checked first: vLLM's loader only warns about a parameter no weight
+    was given for, and skips unknown names ending in `.bias`, so a renamed or missing key would
+    otherwise leave that tensor at its old value."""
 
     def slea_load_weights(self, path: str) -> int:
-        tensors = load_file(path, device="cpu")
-        self.reload_weights(weights_iterator=iter(tensors.items()))
-        self._refresh_tied_head()
-        return len(tensors)
+        return self._slea_reload(list(load_file(path, device="cpu").items()))
 
     def slea_init_weight_group(self, host: str, port: int, world_size: int, backend: str, timeout_s: float) -> dict:
         """Join the learner's group as rank 1 + this worker's rank (the learner is rank 0)."""
@@ -36,16 +38,36 @@ class WeightLoader:
         group = getattr(self, "_slea_weight_group", None)
         if group is None:
             raise RuntimeError("no weight group: the learner must call slea_init_weight_group first")
-        received = receive_weights(group, plan)
-        self.reload_weights(weights_iterator=((name, tensor) for name, tensor in received))
-        self._refresh_tied_head()
-        return len(received)
+        return self._slea_reload(receive_weights(group, plan))
 
     def slea_close_weight_group(self) -> None:
         group = getattr(self, "_slea_weight_group", None)
         if group is not None:
             group.close()
         self._slea_weight_group = None
+
+    def _slea_reload(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+        """Load learner weights (transformers names) in place, if they name exactly the model's tensors."""
+        expected, tied = self._slea_weight_names()
+        check_weight_names((name for name, _tensor in named_tensors), expected, tied)
+        self.reload_weights(weights_iterator=iter(named_tensors))
+        self._refresh_tied_head()
+        return len(named_tensors)
+
+    def _slea_weight_names(self) -> tuple[frozenset[str], frozenset[str]]:
+        """(every tensor name of the served model as the learner's transformers model names it, the
+        tied aliases among them), from that model built once on the meta device (no memory)."""
+        names = getattr(self, "_slea_names", None)
+        if names is None:
+            from transformers import AutoModelForCausalLM
+
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(self.model_config.hf_config)
+            first: dict[int, str] = {}
+            tied = {name for name, parameter in model.named_parameters(remove_duplicate=False)
+                    if first.setdefault(id(parameter), name) != name}
+            names = self._slea_names = (frozenset(model.state_dict()), frozenset(tied))
+        return names
 
     @torch.no_grad()
     def _refresh_tied_head(self) -> None:

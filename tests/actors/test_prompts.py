@@ -37,6 +37,25 @@ def test_experience_block_respects_its_token_budget():
     assert none == []
 
 
+def test_an_experience_over_the_budget_is_skipped_not_the_end_of_the_list():
+    # Token cost of each "- text\n" line, counted by hand from the SmolLM2 pieces:
+    # s1 "-| Clean| the| m|ug| at| the| sink|bas|in| before| you| put| it| in| the| coff|eem|achine|.|\n" = 21,
+    # s2 "-| Look| for| m|ugs| on| counter|tops| first|.|\n" = 11,
+    # w1 "-| Putting| a| dirty| m|ug| in| the| coff|eem|achine| fails| the| task|.|\n" = 16.
+    costs = [len(TOKENIZER.encode(f"- {e.text}\n", add_special_tokens=False)) for e in EXPERIENCES]
+    assert costs == [21, 11, 16]
+    strategy, short_strategy, warning = EXPERIENCES
+    # Budget 20: the long strategy (21) does not fit, the warning ranked after it (16) does.
+    ids, used = PromptBuilder(TOKENIZER, max_experience_tokens=20).build(history_with(0), "obs", [], [strategy, warning])
+    text = TOKENIZER.decode(ids)
+    assert [e.experience_id for e in used] == ["w1"]
+    assert f"Mistakes to avoid:\n- {warning.text}" in text and "Strategies that worked:" not in text
+    # Rank order kept, budget inclusive: s2 11, s1 would make 32 > 27 (skipped), w1 makes 11 + 16 = 27.
+    ranked = [short_strategy, strategy, warning]
+    assert [e.experience_id for e in PromptBuilder(TOKENIZER, max_experience_tokens=27).fit_experiences(ranked)] == ["s2", "w1"]
+    assert [e.experience_id for e in PromptBuilder(TOKENIZER, max_experience_tokens=26).fit_experiences(ranked)] == ["s2"]
+
+
 def test_history_shrinks_then_prompt_is_clipped_to_the_budget():
     long_history = history_with(2)
     long_history.observations[-1] = "word " * 300

@@ -4,6 +4,7 @@ import asyncio
 
 import numpy as np
 import pytest
+import torch
 
 from actors.engines.base import SamplingSettings
 from actors.engines.transformers_engine import TransformersEngine
@@ -83,3 +84,20 @@ def test_new_weights_apply_before_the_next_generation():
     assert after.policy_version == 4 and engine.policy_version == 4
     np.testing.assert_allclose(after.logprobs, forward_logprobs(other, prompt, after.response_ids), atol=2e-4)
     assert not np.allclose(before.logprobs[:1], forward_logprobs(other, prompt, before.response_ids)[:1], atol=1e-3)
+
+
+def test_weights_with_a_renamed_key_are_refused_and_nothing_is_loaded():
+    model, tokenizer = tiny_model(seed=3)
+    engine = TransformersEngine(model, tokenizer, SamplingSettings(temperature=0.0, max_new_tokens=6))
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    other, _ = tiny_model(seed=11)
+    weights = other.state_dict()
+    weights["model.norm.scale"] = weights.pop("model.norm.weight")
+    with pytest.raises(ValueError, match=r"missing \['model.norm.weight'\], unexpected \['model.norm.scale'\]"):
+        engine.update_weights(weights, version=4)
+    engine.generate_batch(prompts(tokenizer)[:1])
+    assert engine.policy_version == 0
+    assert all(torch.equal(tensor, before[name]) for name, tensor in model.state_dict().items())
+    del weights["model.norm.scale"]
+    with pytest.raises(ValueError, match=r"missing \['model.norm.weight'\], unexpected \[\]"):
+        engine.update_weights(weights, version=4)

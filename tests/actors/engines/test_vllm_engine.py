@@ -31,10 +31,11 @@ def vllm_interpreter() -> str:
 
 
 @pytest.mark.slow
-def test_vllm_engine_logprobs_and_weight_update(tmp_path):
+def test_vllm_engine_logprobs_weight_update_and_a_renamed_key_refused(tmp_path):
     """At the CPU configs' temperature 0.7, vLLM's recorded log-probs are those of the learner's own
     scoring of the same tokens (logits / T, learner/batch.py), before and after a weight update.
-    With vLLM's default raw log-probs (taken before temperature) they were off by far more."""
+    With vLLM's default raw log-probs (taken before temperature) they were off by far more. Weights
+    with a renamed key are refused, naming it, and the engine keeps the version it had."""
     python = vllm_interpreter()
     # The shipped SmolLM2 (vLLM's CPU attention kernels do not take the tiny test model's shapes).
     checkpoint, model, replacement = perturbed_shipped_model(seed=0)
@@ -53,6 +54,8 @@ def test_vllm_engine_logprobs_and_weight_update(tmp_path):
             np.testing.assert_allclose(generation["logprobs"], learner, atol=1e-3)
             untempered = learner_logprobs(policy, generation["prompt_ids"], generation["response_ids"], temperature=1.0)
             assert np.abs(np.asarray(generation["logprobs"]) - untempered).max() > 1e-2  # the check can tell the two apart
+    assert out["refused"] is not None and "missing ['model.norm.weight'], unexpected ['model.norm.bias']" in out["refused"]
+    assert out["version_after_refusal"] == 3
 
 
 TEMPERATURE = 0.7  # configs/local.yaml's

@@ -1,5 +1,6 @@
 """Run under the vLLM interpreter (.venv-vllm, or any venv with vllm): drive VllmEngine on a
-checkpoint, swap in other weights, and write what was generated as JSON for the test to check.
+checkpoint, swap in other weights, then offer weights with a renamed key, and write what was
+generated (and how the renamed key was refused) as JSON for the test to check.
 
 usage: python vllm_probe.py CHECKPOINT_DIR NEW_WEIGHTS.safetensors OUT.json [TEMPERATURE]
 """
@@ -41,11 +42,21 @@ def main(checkpoint: str, new_weights: str, out: str, temperature: str = "1.0") 
         first = await asyncio.gather(*(engine.generate(list(p)) for p in prompts))
         engine.update_weights(load_file(new_weights), version=3)
         second = await asyncio.gather(*(engine.generate(list(p)) for p in prompts))
-        return first, second
+        # vLLM itself would skip an unknown name ending in .bias and only warn about the norm it never got.
+        renamed = load_file(new_weights)
+        renamed["model.norm.bias"] = renamed.pop("model.norm.weight")
+        engine.update_weights(renamed, version=4)
+        try:
+            await engine.generate(list(prompts[0]))
+            refused = None
+        except Exception as exc:  # vLLM passes the worker's error on as a plain Exception with its text
+            refused = str(exc)
+        return first, second, refused, engine.policy_version
 
-    first, second = asyncio.run(scenario())
+    first, second, refused, version = asyncio.run(scenario())
     Path(out).write_text(json.dumps({"before": [generation_json(g) for g in first],
-                                     "after": [generation_json(g) for g in second]}))
+                                     "after": [generation_json(g) for g in second],
+                                     "refused": refused, "version_after_refusal": version}))
     engine.close()
 
 
