@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The TextWorld learning comparison of docs/learning.md: SLEA, GRPO and task-level retrieval, each
+# with the seeds given (default "0 1"), one run after the other (two learners do not fit in 24 GiB
+# together), from configs/textworld-learning.yaml; then the held-out curves by preset (mean and
+# range over seeds) into docs/learning/. Runs go to runs/tw-<preset>-s<seed>; a finished run is
+# not repeated (delete its directory to redo it).
+#   bash scripts/learning_comparison.sh            # 6 runs
+#   SEEDS="0 1 2" bash scripts/learning_comparison.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seeds=${SEEDS:-"0 1"}
+presets=${PRESETS:-"slea grpo task_retrieval"}
+runs=()
+for seed in $seeds; do
+  for preset in $presets; do
+    id="tw-${preset}-s${seed}"
+    runs+=("runs/${id}")
+    metrics="runs/${id}/metrics.jsonl"
+    if [ -f "$metrics" ] && [ "$(grep -c '"eval/success_rate"' "$metrics")" -ge 2 ]; then
+      echo "learning_comparison: ${id} already has its evaluations, skipped"
+      continue
+    fi
+    rm -rf "runs/${id}"
+    started=$(date +%s)
+    .venv/bin/slea train configs/textworld-learning.yaml --set "run.id=${id}" --set "run.seed=${seed}" \
+      --set "run.preset=${preset}"
+    echo "learning_comparison: ${id} took $(( $(date +%s) - started )) s"
+  done
+done
+mkdir -p docs/learning
+.venv/bin/slea compare "${runs[@]}" --by-preset --out docs/learning/success.png
+.venv/bin/slea compare "${runs[@]}" --by-preset --key eval/sampled/no_library/success_rate \
+  --out docs/learning/success_no_library.png
+.venv/bin/slea compare "${runs[@]}" --by-preset --key eval/greedy/no_library/success_rate \
+  --out docs/learning/greedy_no_library.png
+.venv/bin/slea compare "${runs[@]}" --by-preset --key eval/sampled/no_library/invalid_action_rate \
+  --out docs/learning/invalid_actions.png
