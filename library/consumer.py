@@ -187,7 +187,7 @@ class LibraryWriter:
         library = self.library
         episodes = window.episodes
         library.see_learner_version(max(episode.policy_version for episode in episodes))
-        outcomes = [admission.EpisodeOutcome(e.group_id, e.success, e.injected_ids(), e.with_experience) for e in episodes]
+        outcomes = [episode.outcome() for episode in episodes]
         usage: dict[str, int] = {}
         for episode in episodes:
             for step in episode.steps:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from library.admission import EpisodeOutcome
 from slea.records import StepRecord
 
 
@@ -42,6 +43,21 @@ class Episode:
 
     def injected_ids(self) -> frozenset[str]:
         return frozenset(experience_id for step in self.steps for experience_id in step.experience_ids)
+
+    def outcome(self) -> EpisodeOutcome:
+        """What utility needs of it: outcome, half, the clusters its steps reached and, per item
+        shown, the clusters it was shown at. A step with anchor_cluster "" (no retrieval, warm-up,
+        an observation no cluster holds) adds no cluster: `utility_evidence` cannot match it."""
+        shown_in: dict[str, set[str]] = {}
+        for step in self.steps:
+            if step.anchor_cluster:
+                for experience_id in step.experience_ids:
+                    shown_in.setdefault(experience_id, set()).add(step.anchor_cluster)
+        return EpisodeOutcome(
+            group_id=self.group_id, success=self.success, injected_ids=self.injected_ids(),
+            with_experience=self.with_experience,
+            visited_clusters=frozenset(step.anchor_cluster for step in self.steps if step.anchor_cluster),
+            shown_in={experience_id: frozenset(clusters) for experience_id, clusters in shown_in.items()})
 
 
 def episode_score(episode: Episode) -> float:

@@ -69,7 +69,7 @@ class Experience:
     embedding: np.ndarray  # float32 [dim], unit vector of cue + text; dedup and fallback compare it
     utility: float = 0.0  # EDGE utility: exponential average of its per-window A/B gain (admission.utility_evidence)
     exposures: int = 0  # episodes it was injected into
-    compared: int = 0  # A-half episodes of A/B groups it was injected into: the sample behind `utility`
+    compared: int = 0  # treated A-half episodes of A/B groups that gave it a matched gain: the sample behind `utility`
     low_windows: int = 0  # consecutive windows with A/B evidence whose utility ended at or below the prune threshold
     usage: int = 0  # steps it was injected into
     source_episode_ids: list[str] = field(default_factory=list)  # episodes it was distilled or merged from

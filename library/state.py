@@ -214,8 +214,9 @@ class Library:
 
         Only A/B evidence moves an item: its utility (exponential average of the window's gain),
         its run of low windows, and so whether it is pruned. A window that gave it no A/B evidence
-        (a run without A/B groups, or it was shown only in groups without a B half) adds exposures
-        and usage and leaves the rest as it was: no evidence, no verdict."""
+        (a run without A/B groups, shown only in groups without a B half, only at steps without a
+        cluster, or where no B episode reached the clusters it was shown at) adds exposures and
+        usage and leaves the rest as it was: no evidence, no verdict."""
         pruned = []
         with self.lock:
             for experience_id, found in evidence.items():

@@ -177,7 +177,7 @@ class LibraryConfig(_Section):
     window_seconds: float | None = Field(None, gt=0, description="Extraction window as wall time instead of learner versions (null = versions).")
     dedup_threshold: float = Field(0.85, ge=-1, le=1, description="Cosine similarity at which a candidate merges into an item of its zone.")
     utility_rate: float = Field(0.2, gt=0, le=1, description="EDGE utility: weight of the newest outcome difference in the exponential average.")
-    prune_min_exposures: int = Field(8, ge=1, description="A-half episodes of A/B groups an item must have been shown in (its utility's sample) before it can be pruned.")
+    prune_min_exposures: int = Field(8, ge=1, description="A-half episodes an item must have been shown in, in A/B groups with matched B episodes (its utility's sample), before it can be pruned.")
     prune_utility_at_or_below: float = Field(-0.25, ge=-1, le=1, description="EDGE pruning: an item whose utility is at or below this for prune_windows consecutive evaluated windows is pruned.")
     prune_windows: int = Field(2, ge=1, description="EDGE pruning: consecutive windows with A/B evidence the utility must stay at or below the threshold.")
     embedding_model: str | None = Field(None, description="sentence-transformers model folder; null uses the shipped all-MiniLM-L6-v2 package.")

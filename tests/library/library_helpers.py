@@ -18,9 +18,9 @@ def library_config(**overrides) -> LibraryConfig:
 def steps_of(episode_id: str, observations: list[str], actions: list[str], *, success: bool, task_type: str = "pick",
              group_id: str = "g0", policy_version: int = 0, valid: list[bool] | None = None,
              experience_ids: list[list[str]] | None = None, budget: int = 10, run_id: str = "test",
-             with_experience: bool = True) -> list[StepRecord]:
+             with_experience: bool = True, clusters: list[str] | None = None) -> list[StepRecord]:
     """The StepRecords an actor would send for one scripted episode (`with_experience` False: the
-    B half of an A/B group)."""
+    B half of an A/B group; `clusters`: the anchor cluster retrieval found at each step, "" for none)."""
     last = len(observations) - 1
     return [
         StepRecord(run_id=run_id, task_id=f"task-{group_id}", task_type=task_type, env_name="alfworld", group_id=group_id,
@@ -28,7 +28,7 @@ def steps_of(episode_id: str, observations: list[str], actions: list[str], *, su
                    action_valid=True if valid is None else valid[index], reward=1.0 if (success and index == last) else 0.0,
                    done=index == last, success=success and index == last, policy_version=policy_version,
                    experience_ids=[] if experience_ids is None else experience_ids[index], step_budget=budget,
-                   with_experience=with_experience)
+                   with_experience=with_experience, anchor_cluster="" if clusters is None else clusters[index])
         for index, (observation, action) in enumerate(zip(observations, actions))
     ]
 

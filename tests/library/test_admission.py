@@ -7,7 +7,7 @@ from library import admission
 from library.admission import EpisodeOutcome, Evidence, decide, utility_evidence
 from library.experience import STRATEGY, WARNING, Candidate
 from library.state import Library
-from library_helpers import candidate, library_config
+from library_helpers import candidate, episode_of, library_config
 
 UNIT_X, UNIT_Y = np.array([1.0, 0.0], dtype=np.float32), np.array([0.0, 1.0], dtype=np.float32)
 
@@ -24,28 +24,98 @@ def test_decide_room_full_duplicate():
     assert decide(UNIT_X, 0.9, ["p"], near[:1], {}, 0, 0.85).action == admission.REJECT  # a level of capacity 0
 
 
-def test_utility_evidence_takes_gain_only_from_ab_halves():
-    A, B = True, False  # with_experience of the A and B halves
+A, B = True, False  # with_experience of the A and B halves
+
+
+def outcome(group_id: str, success: bool, half: bool, visited: tuple[str, ...] = (), shown: dict | None = None,
+            unclustered: tuple[str, ...] = ()) -> EpisodeOutcome:
+    """An episode that reached the clusters `visited` and those of `shown` (item -> clusters it was
+    shown at), and was shown the items of `unclustered` only at steps without a cluster."""
+    shown = {item: frozenset(clusters) for item, clusters in (shown or {}).items()}
+    return EpisodeOutcome(group_id, success, frozenset(shown) | frozenset(unclustered), half,
+                          frozenset(visited).union(*shown.values()), shown)
+
+
+def neutral_warning_group(group_id: str) -> list[EpisodeOutcome]:
+    """Both halves alike: of the two episodes of each half that walk into "trap", one fails; the
+    other two never get there and succeed. The A pair is shown the warning "w" at "trap"."""
+    return [
+        outcome(group_id, False, A, ("start",), {"w": ("trap",)}),
+        outcome(group_id, True, A, ("start",), {"w": ("trap",)}),
+        outcome(group_id, True, A, ("start", "exit")),
+        outcome(group_id, True, A, ("start", "exit")),
+        outcome(group_id, False, B, ("start", "trap")),
+        outcome(group_id, True, B, ("start", "trap")),
+        outcome(group_id, True, B, ("start", "exit")),
+        outcome(group_id, True, B, ("start", "exit")),
+    ]
+
+
+def test_a_neutral_warning_cued_by_failure_gains_nothing():
+    # treated 1/2 - B episodes that reached "trap" 1/2 = 0; before: 1/2 - whole B half 3/4 = -0.25, every window
+    assert utility_evidence(neutral_warning_group("g1")) == {"w": Evidence(exposures=2, gain=0.0, compared=2)}
+
+
+def test_a_neutral_warning_cued_by_failure_is_never_pruned(embedder, policy_tokenizer):
+    # the literal rule (utility_rate 1) and 2 A-half episodes per window: before, -0.25 twice pruned it in window 2
+    library = Library(library_config(utility_rate=1.0, prune_min_exposures=2), embedder, policy_tokenizer)
+    (warning,) = library.admit([candidate(LESSONS[0], 0.5, zone=WARNING, level="mistake")], {WARNING: 1}).admitted
+    for window in range(4):
+        group = [outcome(e.group_id, e.success, e.with_experience, tuple(e.visited_clusters),
+                         {warning: e.shown_in["w"]} if e.shown_in else None) for e in neutral_warning_group(f"g{window}")]
+        assert library.apply_utility(utility_evidence(group), {}) == []
+    kept = library.experiences[warning]
+    assert (kept.utility, kept.low_windows, kept.compared, kept.exposures) == (0.0, 0, 8, 8)
+
+
+def test_a_harmful_item_scores_its_treated_against_the_matched_controls():
     episodes = [
-        EpisodeOutcome("g1", True, frozenset({"x"}), A),
-        EpisodeOutcome("g1", False, frozenset({"x", "y"}), A),
-        EpisodeOutcome("g1", True, frozenset(), A),
-        EpisodeOutcome("g1", True, frozenset(), B),
-        EpisodeOutcome("g1", False, frozenset(), B),  # g1: B half 1/2; A shown x 1/2 -> 0 over 2; A shown y 0/1 -> -0.5 over 1
-        EpisodeOutcome("g2", True, frozenset({"x"}), A),
-        EpisodeOutcome("g2", False, frozenset(), B),
-        EpisodeOutcome("g2", False, frozenset(), B),  # g2: B half 0/2; A shown x 1/1 -> +1 over 1
-        EpisodeOutcome("g3", False, frozenset({"w"}), A),
-        EpisodeOutcome("g3", True, frozenset(), A),
-        EpisodeOutcome("g3", False, frozenset({"w", "x"}), A),  # g3: no B half -> exposures, no gain
+        # g1: treated (shown s at "shelf") 1/3; B episodes that reached "shelf" 2/3 -> -1/3 over 3
+        outcome("g1", True, A, (), {"s": ("shelf",)}),
+        outcome("g1", False, A, (), {"s": ("shelf",)}),
+        outcome("g1", False, A, (), {"s": ("shelf",)}),
+        outcome("g1", True, A, ("desk",)),  # never reached "shelf": neither arm
+        outcome("g1", True, B, ("shelf",)),
+        outcome("g1", True, B, ("desk", "shelf")),
+        outcome("g1", False, B, ("shelf",)),
+        outcome("g1", False, B, ("desk",)),  # never reached "shelf": not a control (it would count against the whole B half)
+        # g2: s shown at "shelf" in one episode and at "desk" in another: C(s) = both; controls reached either
+        outcome("g2", False, A, (), {"s": ("shelf",)}),
+        outcome("g2", True, A, (), {"s": ("desk",)}),  # treated 1/2
+        outcome("g2", True, B, ("desk",)),
+        outcome("g2", True, B, ("shelf",)),  # controls 2/2 -> -1/2 over 2
+        outcome("g2", False, B, ("hall",)),
     ]
     evidence = utility_evidence(episodes)
-    assert evidence["x"] == Evidence(exposures=4, gain=pytest.approx((0.0 * 2 + 1.0 * 1) / 3), compared=3)
-    assert evidence["y"] == Evidence(exposures=1, gain=pytest.approx(-0.5), compared=1)
-    # a warning shown only to the failures of a group without halves: before, 0/2 with it - 1/1 without = -1
-    assert evidence["w"] == Evidence(exposures=2, gain=None, compared=0)
-    assert utility_evidence([EpisodeOutcome("grpo", True, frozenset(), B)]) == {}  # B everywhere: a run without the library
+    # -0.4; before, against the whole B halves: g1 1/3 - 2/4, g2 1/2 - 2/3, both -1/6
+    assert evidence["s"] == Evidence(exposures=5, gain=pytest.approx((-1 / 3 * 3 + -0.5 * 2) / 5), compared=5)
+
+
+def test_no_evidence_without_a_b_episode_in_the_items_clusters():
+    episodes = [
+        outcome("g1", False, A, ("start",), {"x": ("trap",)}),
+        outcome("g1", True, A, ("start",), {"y": ("start",)}, unclustered=("x",)),  # x only at a step without a cluster
+        outcome("g1", True, B, ("start",)),
+        outcome("g1", False, B, ("start",)),  # no B episode reached "trap"
+        outcome("g2", False, A, (), {"x": ("trap",)}),
+        outcome("g2", True, A, ("trap",)),  # g2: no B half -> exposures, no gain
+    ]
+    evidence = utility_evidence(episodes)
+    assert evidence["x"] == Evidence(exposures=3, gain=None, compared=0)
+    assert evidence["y"] == Evidence(exposures=1, gain=pytest.approx(1.0 - 0.5), compared=1)  # the same B half, matched
+    assert utility_evidence([outcome("grpo", True, B, ("start",))]) == {}  # B everywhere: a run without the library
     assert admission.exponential_average(0.0, -1.0, 0.2) == pytest.approx(-0.2)
+
+
+def test_an_episode_outcome_keeps_the_clusters_of_its_steps_and_where_each_item_was_shown():
+    episode = episode_of("e", ["You are in the kitchen.", "You see a fridge 1.", "You open the fridge 1.", "It is cold."],
+                         ["look", "go to fridge 1", "open fridge 1", "look"], success=True,
+                         experience_ids=[["x"], ["x", "y"], ["y"], ["z"]], clusters=["", "pick/c1", "pick/c2", "pick/c1"])
+    found = episode.outcome()
+    assert (found.group_id, found.success, found.with_experience) == ("g0", True, True)
+    assert found.injected_ids == {"x", "y", "z"} and found.visited_clusters == {"pick/c1", "pick/c2"}
+    # x at step 0 (warm-up: no cluster) cannot be matched; only its showing in "pick/c1" counts
+    assert found.shown_in == {"x": {"pick/c1"}, "y": {"pick/c1", "pick/c2"}, "z": {"pick/c1"}}
 
 
 def test_prune_rule_counts_consecutive_low_windows():
@@ -143,7 +213,7 @@ def test_a_warning_shown_only_in_failures_of_groups_without_ab_halves_keeps_its_
     library = Library(library_config(), embedder, policy_tokenizer)  # default prune settings
     (warning,) = library.admit([candidate(LESSONS[0], 0.5, zone=WARNING, level="mistake")], {WARNING: 1}).admitted
     for window in range(6):  # before: -1 per window, pruned after the second (8 exposures, utility -0.36 < 0)
-        episodes = [EpisodeOutcome(f"g{window}-{group}", success, frozenset() if success else frozenset({warning}), True)
+        episodes = [outcome(f"g{window}-{group}", success, A, ("start",), None if success else {warning: ("trap",)})
                     for group in range(2) for success in (True, True, False, False)]
         assert library.apply_utility(utility_evidence(episodes), {warning: 6}) == []
     kept = library.experiences[warning]

@@ -46,15 +46,17 @@ def produce(redis_client, cfg, records):
     StreamProducer(redis_client, cfg.stream_key()).send(records)
 
 
-def group_of(group_id, version, *, experience_id=None, shown=(0, 2), outcomes=(True, True, False, False), b_half=()):
+def group_of(group_id, version, *, experience_id=None, shown=(0, 2), outcomes=(True, True, False, False), b_half=(),
+             clusters=None):
     """Four episodes of one task played at policy `version` (two successes, then two failures, by
     default); those at `shown` were shown `experience_id`; those at `b_half` are the B half of an
-    A/B group (shown nothing)."""
+    A/B group (shown nothing); `clusters`: the anchor cluster of each KITCHEN step (None: none)."""
     records = []
     for index, success in enumerate(outcomes):
         injected = [[experience_id]] * 3 if experience_id is not None and index in shown else None
         records += steps_of(f"{group_id}-e{index}", KITCHEN, WIN if success else LOSE, success=success, group_id=group_id,
-                            policy_version=version, experience_ids=injected, run_id="libtest", with_experience=index not in b_half)
+                            policy_version=version, experience_ids=injected, run_id="libtest", with_experience=index not in b_half,
+                            clusters=clusters)
     return records
 
 
@@ -136,8 +138,12 @@ def test_ab_evidence_prunes_after_two_low_windows_across_a_restart(redis_client,
     cfg = config(snapshot_every=100, utility_rate=0.5, prune_min_exposures=2)
     writer = writer_for(cfg, redis_client, tmp_path, embedder, policy_tokenizer)
     warning = first_window(writer, redis_client, cfg, "warning")
-    ab = dict(experience_id=warning.id, shown=(0, 1), outcomes=(False, False, True, True), b_half=(2, 3))
-    # A half (shown the warning) 0/2, B half 2/2: gain -1, utility 0.5 * -1 = -0.5: a first low window
+    # both halves walk the same KITCHEN states, anchored to the clusters the first window founded
+    # (without anchor clusters no B episode could be matched, and no window would give evidence)
+    ab = dict(experience_id=warning.id, shown=(0, 1), outcomes=(False, False, True, True), b_half=(2, 3),
+              clusters=writer.library.assign_observations("pick", KITCHEN))
+    # A half (shown the warning) 0/2, B half, all of which reached its clusters, 2/2: gain -1,
+    # utility 0.5 * -1 = -0.5: a first low window
     produce(redis_client, cfg, group_of("ab1", version=1, **ab) + group_of("g3", version=2))
     drain(writer)
     assert (warning.utility, warning.low_windows, warning.compared) == (pytest.approx(-0.5), 1, 2)
@@ -149,6 +155,38 @@ def test_ab_evidence_prunes_after_two_low_windows_across_a_restart(redis_client,
     produce(redis_client, cfg, group_of("ab2", version=3, **ab) + group_of("g4", version=4))
     drain(restarted)  # utility -0.75: the second low window in a row -> pruned
     assert warning.id not in restarted.library.experiences and restarted.library.counters["pruned"] == 1
+
+
+CELLAR = [KITCHEN[0], "You fall through a trapdoor into the cellar.", "The cellar is dark and the hatch is shut."]
+
+
+def test_a_neutral_warning_shown_where_episodes_fail_survives_ab_windows(redis_client, embedder, policy_tokenizer, tmp_path):
+    cfg = config(snapshot_every=100, utility_rate=1.0, prune_min_exposures=2)  # the literal rule: each window's own gain
+    writer = writer_for(cfg, redis_client, tmp_path, embedder, policy_tokenizer)
+    warning = first_window(writer, redis_client, cfg, "warning")
+    # the library already holds the cellar states (what a replica answers with), apart from the kitchen's
+    kitchen, cellar = (writer.library.assign_observations("pick", observations) for observations in (KITCHEN, CELLAR))
+    assert not set(cellar[1:]) & set(kitchen)
+
+    def episode(group_id, version, index, success, down, a_half):
+        return steps_of(f"{group_id}-e{index}", CELLAR if down else KITCHEN, WIN if success else LOSE, success=success,
+                        group_id=group_id, policy_version=version, run_id="libtest", with_experience=a_half,
+                        clusters=cellar if down else kitchen,
+                        experience_ids=[[], [warning.id], [warning.id]] if down and a_half else None)
+
+    records = []
+    for version in (1, 2):  # two windows of one A/B group; in each half two episodes fall into the cellar, one fails
+        group = f"ab{version}"
+        records += [r for index, (success, down, a_half) in enumerate(
+            [(True, False, True), (True, False, True), (True, True, True), (False, True, True),
+             (True, False, False), (True, False, False), (True, True, False), (False, True, False)])
+            for r in episode(group, version, index, success, down, a_half)]
+    produce(redis_client, cfg, records + group_of("close", version=3))
+    drain(writer, rounds=10)
+    # shown it 1/2 - B episodes in the cellar 1/2 = 0 per window; before: 1/2 - the whole B half 3/4 = -0.25,
+    # at the threshold twice with 4 A-half episodes behind it: pruned in the second window
+    assert writer.library.experiences.get(warning.id) is warning and writer.library.counters["pruned"] == 0
+    assert (warning.utility, warning.low_windows, warning.compared, warning.exposures) == (0.0, 0, 4, 4)
 
 
 def test_consumption_never_waits_for_extraction(redis_client, embedder, policy_tokenizer, tmp_path):
