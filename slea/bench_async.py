@@ -34,6 +34,7 @@ with its whole process group) and the benchmark fails saying which run and how f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -208,7 +209,8 @@ def bench_async(model: str = DEFAULT_MODEL, measured_steps: int | None = None, t
             raise ValueError(f"--steps must be at least 2 (the actors' window spans steps - 1 intervals), not {measured_steps}")
         shape = BenchShape(**{**asdict(shape), "measured_steps": measured_steps})
     deadline = time.monotonic() + timeout_s
-    with tempfile.TemporaryDirectory(prefix="slea-bench-async-") as tmp:
+    # Log lines of what this process imports (DeepSpeed's go to stdout) go to stderr: stdout is for the result (--json).
+    with tempfile.TemporaryDirectory(prefix="slea-bench-async-") as tmp, contextlib.redirect_stdout(sys.stderr):
         model_name = model
         if model == TINY:
             from slea.models import tiny_model

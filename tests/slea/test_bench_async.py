@@ -82,3 +82,12 @@ def test_bench_async_refuses_fewer_than_two_measured_steps():
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == ("slea bench async: --steps must be at least 2 (the actors' window "
                                                       "spans steps - 1 intervals), not 1")
+
+
+def test_a_run_past_the_deadline_is_stopped_with_a_clear_error():
+    result = subprocess.run([*SLEA, "bench", "async", "--json", "--model", "tiny", "--timeout", "5"], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 1 and result.stdout == ""
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("slea bench async: the sync run did not finish 10 learner steps before the benchmark's deadline")
+    assert last.endswith("measure fewer --steps, or give it longer with --timeout")
