@@ -12,7 +12,6 @@ itself (learner/weight_push.py); polling then only follows the learner's version
 
 from __future__ import annotations
 
-import asyncio
 import os
 import uuid
 
@@ -50,22 +49,6 @@ class WeightSubscriber:
 
     def receives_broadcast(self, engine: GenerationEngine) -> bool:
         return self.transport == "collective" and self.receiver is not None and hasattr(engine, "join_weight_group")
-
-    async def wait_newer(self, version: int, timeout_s: float) -> bool:
-        """Wait until the learner publishes a version above `version` (at most `timeout_s`); True if it did.
-        The registry answers on the publish itself (a long poll), so a synchronous actor starts the
-        moment the update it waits for exists, not at its next poll."""
-        registry = self._find_registry()
-        if registry is None:  # before the learner's first publish: nothing to wait on yet
-            await asyncio.sleep(min(timeout_s, self.poll_interval_s))
-            return False
-        try:
-            latest = await registry.wait_newer.remote(version, timeout_s)
-        except ray.exceptions.RayActorError:  # registry restarting: find it again next time
-            self._registry = None
-            return False
-        self.learner_version = max(self.learner_version, latest)
-        return latest > version
 
     async def poll(self, engine: GenerationEngine) -> bool:
         """Stage the newest published weights if they are newer than the engine's; True if staged."""

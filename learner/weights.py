@@ -17,12 +17,6 @@ The actors' contract, by name, without importing this module:
     if latest is not None:
         version, ref = latest
         model.load_state_dict(ray.get(ref))  # {parameter name: CPU tensor}
-    newest = ray.get(registry.wait_newer.remote(my_version, timeout_s))  # long poll: returns on the next publish
-
-`wait_newer` is how a synchronous actor (`actors.synchronous`) waits for the update it is idle for:
-it answers the moment the version is published, where polling would add half a poll interval to
-every synchronous step, a delay a synchronous trainer (the rollout engine and the trainer in one
-process, verl-agent) does not have.
 
 Collective path (`learner.weight_transport: collective`; learner/weight_push.py): the same
 publish also hands the weights to a CollectiveWeightSender, which broadcasts them into every
@@ -38,8 +32,6 @@ published: it announces the version and serves engines that cannot receive (tran
 
 from __future__ import annotations
 
-import asyncio
-
 import ray
 import torch
 
@@ -48,37 +40,19 @@ from slea.channels import RAY_NAMESPACE, weight_registry_name
 
 @ray.remote(num_cpus=0)
 class WeightRegistry:
-    """Holds the latest published (version, ObjectRef of a state dict); versions only go up.
-
-    An async Ray actor (for `wait_newer`): its plain methods still run one at a time, on its event loop."""
+    """Holds the latest published (version, ObjectRef of a state dict); versions only go up."""
 
     def __init__(self):
         self.version = -1  # latest published version; -1 before the first publish
         self.ref = None  # ObjectRef of {name: tensor} for `version`
         self._receivers = {}  # receiver id -> (incarnation, actor handle, worker count): collective transport
-        self._published: asyncio.Event | None = None  # set by the next publish; made by the first waiter
 
-    async def publish(self, version: int, state_dict: dict) -> None:
-        """Record `state_dict` as version `version`, in an object this actor owns (async: on the loop
-        `wait_newer` waits on, so setting its event is safe)."""
+    def publish(self, version: int, state_dict: dict) -> None:
+        """Record `state_dict` as version `version`, in an object this actor owns."""
         if version <= self.version:
             raise ValueError(f"weight version {version} is not newer than the published {self.version}")
         # Owned here (not by the learner), so the weights outlive a learner crash.
         self.version, self.ref = version, ray.put(state_dict)
-        if self._published is not None:  # wake every wait_newer, then start a new round
-            self._published.set()
-            self._published = None
-
-    async def wait_newer(self, version: int, timeout_s: float) -> int:
-        """The latest version, as soon as it is above `version` (or after `timeout_s`, whatever it is)."""
-        if self.version <= version:
-            if self._published is None:
-                self._published = asyncio.Event()
-            try:
-                await asyncio.wait_for(self._published.wait(), timeout_s)
-            except asyncio.TimeoutError:
-                pass
-        return self.version
 
     def get_latest(self, min_version: int = 0):
         """(version, ObjectRef) of the latest weights, or None if none is at least `min_version`."""

@@ -4,9 +4,10 @@ The same config runs twice through `slea train` (a subprocess each), the whole s
 simulated: once as normal (actors keep playing while the learner trains, bounded by
 `max_staleness`) and once with `actors.synchronous` (the actors play exactly one batch per policy
 version and wait while the learner trains on it; the learner waits for that full batch). Both runs
-take the same number of learner steps. The synchronous mode is made as lean as a synchronous
-trainer: actors wake on the weight publish itself (a long poll, actors/worker.py) and each phase
-computes on every core (slea/cpu_threads.py).
+take the same number of learner steps. The synchronous mode is as lean as a synchronous trainer:
+each phase computes on every core (slea/cpu_threads.py), actors fetch new weights as soon as
+they wait (actors/worker.py: a 50 ms poll, under 1% of a step), the learner's stream read
+returns as entries arrive, and no checkpoint falls inside the measured steps.
 
 Where a learner step's time goes, per mode, from what `slea train` writes anyway:
 - seconds per step: between consecutive published versions (learner/trained_groups.jsonl);
