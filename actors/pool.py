@@ -29,7 +29,7 @@ class ActorWorkerProcess:
         from slea.cpu_threads import use_assigned_cpus
         from slea.redis_conn import connect
 
-        use_assigned_cpus()
+        use_assigned_cpus(phases_alternate=config["actors"]["synchronous"])  # synchronous: it plays while the learner waits
 
         self.config = SleaConfig.model_validate(config)
         cfg = self.config

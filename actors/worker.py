@@ -51,6 +51,7 @@ class WorkerStats:
     successes: int = 0
     abandoned_marked: int = 0  # markers written for a previous incarnation's or a stopped run's episodes
     throttled_s: float = 0.0
+    busy_s: float = 0.0  # wall seconds with at least one group in play (generation, env steps, prompts; `slea bench async`)
     timers: StepTimers = field(default_factory=StepTimers)
 
 
@@ -87,6 +88,8 @@ class ActorWorker:
         self._running: set[asyncio.Task] = set()  # one task per group in flight
         self._label = str(worker_index)
         self._sync_full_version = -1  # synchronous mode: newest version whose groups are all claimed
+        self._groups_in_play = 0  # groups between their first episode's start and their last episode's end
+        self._busy_since = 0.0  # perf_counter when _groups_in_play last went from 0 to 1
         if config.actors.synchronous and weights is None:
             raise ValueError("actors.synchronous needs a weight subscriber: the worker waits for each new version")
         template_env = self._new_env()
@@ -186,9 +189,23 @@ class ActorWorker:
             task.cancel()
 
     async def _play_group(self, specs: list[EpisodeSpec], slots: asyncio.Semaphore) -> None:
-        for spec in specs:
-            self._list_inflight(spec)
-        await asyncio.gather(*(self._play_one(spec, slots) for spec in specs))
+        if self._groups_in_play == 0:
+            self._busy_since = time.perf_counter()
+        self._groups_in_play += 1
+        try:
+            for spec in specs:
+                self._list_inflight(spec)
+            await asyncio.gather(*(self._play_one(spec, slots) for spec in specs))
+        finally:
+            self._groups_in_play -= 1
+            if self._groups_in_play == 0:
+                self.stats.busy_s += time.perf_counter() - self._busy_since
+
+    def busy_seconds(self) -> float:
+        """Wall seconds spent with a group in play so far, the one in progress included: the actor's
+        side of where a learner step's time goes (`slea bench async`); the rest of its time it waited."""
+        running = time.perf_counter() - self._busy_since if self._groups_in_play else 0.0
+        return self.stats.busy_s + running
 
     async def _play_one(self, spec: EpisodeSpec, slots: asyncio.Semaphore) -> EpisodeResult:
         async with slots:
@@ -263,7 +280,12 @@ class ActorWorker:
         """Synchronous mode: start a group only on the learner's newest weights and only as one of the
         first `learner.tasks_per_step` groups of that version (a pool-wide count in Redis); otherwise
         wait for the next version. Actors then idle while the learner trains, and the learner gets
-        exactly one full batch per version: the no-overlap baseline of `slea bench async`."""
+        exactly one full batch per version: the no-overlap baseline of `slea bench async`.
+
+        The 50 ms poll costs the baseline 25 ms per step on average, under 1% of a step (`slea bench
+        async` measures the whole hand-off at ~2%). A registry that answers on the publish itself
+        would need an async Ray actor, and those give up executing one caller's calls in order,
+        which a restarted learner's view of the latest version relies on (learner/weights.py)."""
         await self.weights.poll(self.engine)  # do not wait for the weights loop's next tick
         version = self.weights.learner_version
         if version != self._sync_full_version and self.weights.current_version(self.engine) == version:
@@ -281,4 +303,5 @@ class ActorWorker:
         timers = self.stats.timers
         return {"worker": self.worker_index, "policy_version": self.engine.policy_version,
                 "retrieval_misses": self.retrieval.misses if self.retrieval is not None else 0,
-                **{k: v for k, v in vars(self.stats).items() if k != "timers"}, "timers": vars(timers)}
+                **{k: v for k, v in vars(self.stats).items() if k != "timers"}, "busy_s": self.busy_seconds(),
+                "timers": vars(timers)}

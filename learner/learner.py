@@ -97,6 +97,7 @@ class Learner:
             self.version = published
         else:
             self._publish()
+        self._idle_since = time.monotonic()  # end of the latest step (or of start-up): wait_seconds counts from here
 
     def poll(self, block_ms: int | None = None) -> None:
         """Read one batch of deliveries into the assembler; acknowledge what is dropped."""
@@ -109,6 +110,7 @@ class Learner:
         self.consumer.ack(self.assembler.drop_stale(self.version))
         if self.assembler.ready_groups < self.cfg.learner.tasks_per_step:
             return None
+        waited = time.monotonic() - self._idle_since
         groups = self.assembler.pop_ready(self.cfg.learner.tasks_per_step)
         samples, metrics = self._samples(groups)
         self.ranks.send(Order("train", samples=samples))
@@ -120,6 +122,7 @@ class Learner:
         self._trace(groups)
         if self.learner_step % self.cfg.learner.checkpoint_every == 0:
             self.checkpoint()
+        self._idle_since = time.monotonic()
         counters = self.assembler.counters
         metrics.update(
             policy_version=self.version,
@@ -139,6 +142,7 @@ class Learner:
             response_tokens=stats.response_tokens,
             tokens_per_s=stats.tokens / stats.seconds,
             step_seconds=stats.seconds,
+            wait_seconds=waited,  # since the previous step ended, until this one's groups were ready: the learner's idle time
             groups_trained=len(groups),
             groups_dropped_incomplete=counters.groups_dropped["timeout"],
             groups_dropped_abandoned=counters.groups_dropped["abandoned"],

@@ -25,7 +25,7 @@ class LearnerProcess:
     def __init__(self, config: dict, rank: int = 0, world_size: int = 1):
         from slea.cpu_threads import use_assigned_cpus
 
-        use_assigned_cpus()
+        use_assigned_cpus(phases_alternate=config["actors"]["synchronous"])  # synchronous: it trains while actors wait
         self.config, self.rank, self.world_size = config, rank, world_size
         self.learner = None  # built by join()
         self._metrics: list[dict] = []

@@ -87,9 +87,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         result = bench_actors()
     elif args.target == "async":
-        from slea.bench_async import bench_async
+        from slea.bench_async import DEFAULT_MODEL, bench_async, format_report
 
-        result = bench_async(model=args.model) if args.model else bench_async()
+        try:
+            result = bench_async(model=args.model or DEFAULT_MODEL, measured_steps=args.steps, timeout_s=args.timeout)
+        except (TimeoutError, RuntimeError, ValueError) as exc:  # a run past the deadline, failed, or too few steps
+            print(f"slea bench async: {exc}", file=sys.stderr)
+            return 1
+        if not args.json:
+            print(format_report(result))
+            return 0
     else:
         print(f"slea bench {args.target}: not built yet (see the open issues)", file=sys.stderr)
         return 2
@@ -217,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--producers", type=int, default=4, help="stream: producer processes")
     bench.add_argument("--env", action="append", default=[], help="envs: restrict to these envs (repeatable)")
     bench.add_argument("--model", default=None, help="async: policy model ('tiny': the random tiny test model; default SmolLM2)")
+    bench.add_argument("--steps", type=int, default=None,
+                       help="async: learner steps measured per mode (default 6 tiny, 2 SmolLM2; more for a steadier figure)")
+    bench.add_argument("--timeout", type=float, default=600.0,
+                       help="async: seconds both runs together may take; a run past it is stopped and the bench fails")
     bench.set_defaults(func=cmd_bench)
 
     doctor = commands.add_parser("doctor", help="check this machine: Python, torch, Redis, Ray, GPU/vLLM, models")

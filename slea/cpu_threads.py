@@ -6,20 +6,28 @@ worker, the evaluator and the library's embedder all run at once in `slea train`
 and steal time from each other, and the actor-learner overlap buys little. Sizing each
 process's thread pool to its Ray `num_cpus` (at least 1) gives every component its own cores,
 as it would have its own GPU.
+
+The synchronous baseline (`actors.synchronous`, `slea bench async`) is the exception: there the
+learner and the actors take turns and never compute at once, so each keeps every core of the
+machine. A synchronous trainer gives each phase the whole machine (verl-agent runs rollout and
+training on the same devices, one after the other); at one thread each, every phase would leave
+the other cores idle, a handicap only the baseline would pay.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
 
-def use_assigned_cpus() -> int:
-    """Inside a Ray actor: size torch's thread pool to the actor's CPUs; returns the thread count."""
+def use_assigned_cpus(phases_alternate: bool = False) -> int:
+    """Inside a Ray actor: size torch's thread pool to the actor's CPUs, or with `phases_alternate`
+    (the synchronous baseline) to every CPU this process may run on; returns the thread count."""
     import ray
 
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)
-    threads = max(1, math.floor(cpus))
+    threads = len(os.sched_getaffinity(0)) if phases_alternate else max(1, math.floor(cpus))
     torch.set_num_threads(threads)
     return threads

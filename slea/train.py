@@ -34,9 +34,12 @@ from slea.streams import ensure_group
 POLL_S = 2.0
 
 
-def run_metrics(learner: dict, lags: dict[str, int], library: dict | None) -> dict:
+def run_metrics(learner: dict, lags: dict[str, int], library: dict | None, pool: list[dict] | None = None) -> dict:
     """One flat metrics.jsonl line (keys documented in slea/run_outputs.py) from a learner step,
-    the stream's lag per group and the library's sizes."""
+    the stream's lag per group, the library's sizes and the actor workers' summaries. From the
+    summaries: "actors/busy_s" and "actors/throttled_s", seconds with a group in play and seconds
+    held back by the gate, summed over workers since each (incarnation) started, as of the line's
+    "time": `slea bench async` divides their growth by the time between two lines."""
     line: dict[str, float] = {}
     wins = episodes = 0
     for key, value in learner.items():
@@ -56,6 +59,9 @@ def run_metrics(learner: dict, lags: dict[str, int], library: dict | None) -> di
         line["actors/success_rate"] = wins / episodes
         line["actors/episode_length"] = learner["episode_length_mean"]
     line.update({f"stream/lag/{group}": lag for group, lag in lags.items()})
+    if pool:
+        line["actors/busy_s"] = sum(summary["busy_s"] for summary in pool)
+        line["actors/throttled_s"] = sum(summary["throttled_s"] for summary in pool)
     if library is not None:
         for zone_level, size in library["experiences"].items():
             zone = zone_level.split("/")[0]
@@ -176,9 +182,10 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
                 lags = {name: group.lag for name, group in group_stats(client, stream).items()}
                 trim_acknowledged(client, stream, list(STREAM_GROUPS) if config.library.enabled else ["learner"])
                 stats = ray.get(library.stats.remote()) if library is not None else None
+                summaries = pool.summaries()
                 for metrics in ray.get(learner.drain_metrics.remote()):
                     progress.add_step(metrics)
-                    line = run_metrics(metrics, lags, stats)
+                    line = run_metrics(metrics, lags, stats, summaries)
                     recorder.record(metrics["learner_step"], line)
                     if not console.is_terminal:  # logs (CI, kubectl logs) get one line per step instead
                         console.print(progress.log_line(line))
@@ -186,7 +193,7 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
                         evals.on_learner_step(metrics["learner_step"])
                 if evals is not None:
                     _record_evals(evals.poll(), progress, recorder, console)
-                live.update(progress.table(pool.summaries(), lags.get("learner", 0), stats))
+                live.update(progress.table(summaries, lags.get("learner", 0), stats))
                 if done:
                     ray.get(learner_runs)  # surfaces a learner failure (on any rank)
                     break

@@ -1,5 +1,7 @@
 """The learner end to end: real Redis stream, real DeepSpeed (CPU, ZeRO 0), real Ray, tiny model."""
 
+import time
+
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -47,6 +49,7 @@ def test_training_step_from_redis_raises_logprob_of_positive_advantage_actions(t
     learner = Learner(cfg, redis_client=redis_client, model=model, tokenizer=tokenizer)
     records = make_group(learner.trainer.module, tokenizer, "g0", rewards=[1.0, 0.0])
     before = sum_logprobs(learner, records)
+    time.sleep(0.5)  # the learner has had nothing to train on since it started
     StreamProducer(redis_client, cfg.stream_key()).send(records)
 
     result = run_until_step(learner)
@@ -60,6 +63,7 @@ def test_training_step_from_redis_raises_logprob_of_positive_advantage_actions(t
     assert metrics["anchor_group_sizes"] == {1: 2, 2: 1}  # the shared first observation
     assert metrics["kl"] == 0.0 and metrics["grad_norm"] > 0 and metrics["tokens_per_s"] > 0
     assert metrics["optimizer_steps"] == 1 and metrics["clip_fraction"] == 0.0 and metrics["approx_kl"] >= 0.0
+    assert metrics["wait_seconds"] >= 0.5 and metrics["step_seconds"] > 0  # idle, then training: `slea bench async`
     learner.close()
 
 

@@ -1,5 +1,7 @@
 """Ray actors size torch's thread pool to the CPUs Ray assigned them."""
 
+import os
+
 import pytest
 import ray
 import torch
@@ -9,8 +11,8 @@ from slea.cpu_threads import use_assigned_cpus
 
 @ray.remote
 class ThreadProbe:
-    def __init__(self):
-        self.threads = use_assigned_cpus()
+    def __init__(self, phases_alternate: bool = False):
+        self.threads = use_assigned_cpus(phases_alternate)
 
     def threads_in_use(self) -> tuple[int, int]:
         return self.threads, torch.get_num_threads()
@@ -27,4 +29,11 @@ def two_cpu_ray():
 def test_an_actor_computes_on_its_assigned_cpus(two_cpu_ray, num_cpus, expected):
     probe = ThreadProbe.options(num_cpus=num_cpus).remote()
     assert ray.get(probe.threads_in_use.remote()) == (expected, expected)
+    ray.kill(probe)
+
+
+def test_the_synchronous_baseline_gives_each_phase_every_core(two_cpu_ray):
+    probe = ThreadProbe.options(num_cpus=1).remote(phases_alternate=True)
+    cores = len(os.sched_getaffinity(0))
+    assert ray.get(probe.threads_in_use.remote()) == (cores, cores)
     ray.kill(probe)
