@@ -20,13 +20,6 @@ from slea.streams import PAYLOAD_FIELD
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, namespace=RAY_NAMESPACE, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def pool_config(run_id, tiny_model_dir, *extra):
     return load_config(None, [
         f"run.id={run_id}", "run.preset=custom", f"model.name={tiny_model_dir}", "model.max_new_tokens=6",

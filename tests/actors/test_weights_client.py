@@ -5,24 +5,15 @@ import asyncio
 import logging
 
 import pytest
-import ray
 import torch
 
 from actors.engines.base import SamplingSettings
 from actors.engines.transformers_engine import TransformersEngine
 from actors.weights_client import WeightSubscriber
 from learner.weights import RayWeightPublisher
-from slea.channels import RAY_NAMESPACE
 from slea.models import tiny_model
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, namespace=RAY_NAMESPACE, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def test_a_renamed_key_is_refused_once_and_the_next_good_version_loads(ray_cluster, caplog):
