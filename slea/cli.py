@@ -18,6 +18,15 @@ from slea.config import ConfigError, apply_override, dump_config, load_config, p
 from slea.embedded_redis import RedisServerMissing
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("slea-rl")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def _config_args(parser: argparse.ArgumentParser, required: bool = False) -> None:
     parser.add_argument("config", nargs=None if required else "?", help="run YAML file (configs/local.yaml)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -35,6 +44,9 @@ def _print_result(result: dict, as_json: bool) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     if args.resume and args.config is None:
         args.config = str(Path(args.resume) / "config.yaml")  # the run's own resolved config
+    if args.config is None:  # the built-in defaults are the paper's GPU-scale run: never start them by accident
+        raise ConfigError("slea train needs a run config: `slea train configs/local.yaml` is the embedded CPU "
+                          "default (configs/ has the others), or `slea train --resume runs/<id>` continues a run")
     config = load_config(args.config, args.overrides)
     from slea.train import train
 
@@ -158,6 +170,7 @@ def cmd_not_built(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slea", description="SLEA-RL: step-level experience-augmented RL for LLM agents.")
+    parser.add_argument("--version", action="version", version=f"slea {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = commands.add_parser("train", help="run training from a config (actors, learner, library)")

@@ -7,6 +7,7 @@ typo in an RL config silently training with a default is the most expensive bug 
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -287,10 +288,23 @@ def _describe(error: dict[str, Any]) -> str:
     if error["type"] == "value_error" and not error["loc"]:  # a whole-config rule (presets, run.edge): its own words
         return str(error["ctx"]["error"])
     if error["type"] == "extra_forbidden":
-        return f"unknown key '{key}'"
+        return f"unknown key '{key}'{_did_you_mean(error['loc'])}"
     if error["type"] == "missing":
         return f"missing key '{key}'"
     return f"bad value for '{key}': {error['msg']} (got {error.get('input')!r})"
+
+
+def _did_you_mean(loc: tuple) -> str:
+    """" (did you mean 'learner.gamma'?)" for an unknown key close to a real one of its section."""
+    model: type[BaseModel] = SleaConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""  # inside a free-form dict (envs.params): nothing to suggest
+        model = annotation
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    return f" (did you mean '{'.'.join([*map(str, loc[:-1]), close[0]])}'?)" if close else ""
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -340,8 +354,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Sl
         return SleaConfig.model_validate(tree)
     except ValidationError as exc:
         problems = [_describe(error) for error in exc.errors()]
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ConfigError(problems[0] + more) from None
+        if len(problems) == 1:
+            raise ConfigError(problems[0]) from None
+        raise ConfigError(f"{len(problems)} problems: " + "; ".join(problems)) from None  # every one, in one line
 
 
 def check_trainable(config: SleaConfig) -> None:

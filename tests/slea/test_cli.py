@@ -3,17 +3,20 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 SLEA = [sys.executable, "-m", "slea.cli"]
+LOCAL = str(Path(__file__).resolve().parents[2] / "configs" / "local.yaml")
 
 
 def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([*SLEA, *args], capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["eval"], ["play"], ["serve-library"], ["library", "show"], ["bench"], ["doctor"]])
+@pytest.mark.parametrize("command", [[], ["train"], ["eval"], ["play"], ["serve-library"], ["library", "show"], ["bench"],
+                                     ["doctor"], ["config", "show"], ["compare"]])
 def test_every_subcommand_has_help(command):
     result = run(*command, "--help")
     assert result.returncode == 0, result.stderr
@@ -39,14 +42,32 @@ def test_bench_stream_prints_one_json_object_with_a_ratio():
 
 
 def test_unknown_config_key_is_exit_2_without_traceback():
-    result = run("train", "--set", "learner.not_a_field=1")
+    result = run("train", LOCAL, "--set", "learner.not_a_field=1")
     assert result.returncode == 2
     assert result.stderr.strip() == "slea: config error: unknown key 'learner.not_a_field'"
 
 
+def test_every_bad_key_at_once_with_a_suggestion():
+    result = run("train", LOCAL, "--set", "learner.gama=0.9", "--set", "actors.group_siz=3", "--set", "lerner.lr=1")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.strip() == (
+        "slea: config error: 3 problems: unknown key 'actors.group_siz' (did you mean 'actors.group_size'?); "
+        "unknown key 'learner.gama' (did you mean 'learner.gamma'?); unknown key 'lerner' (did you mean 'learner'?)")
+
+
+def test_train_without_a_config_says_which_to_use():
+    result = run("train")
+    assert result.returncode == 2 and "slea train configs/local.yaml" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_version():
+    result = run("--version")
+    assert result.returncode == 0 and result.stdout.startswith("slea ") and result.stdout.strip() != "slea"
+
+
 def test_train_without_redis_server_on_path_says_how_to_fix_it(tmp_path):
     env = {"PATH": str(tmp_path), "HOME": str(tmp_path)}
-    result = subprocess.run([*SLEA, "train", "--set", f"run.dir={tmp_path}"], capture_output=True, text=True,
+    result = subprocess.run([*SLEA, "train", LOCAL, "--set", f"run.dir={tmp_path}"], capture_output=True, text=True,
                             timeout=120, env=env)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
