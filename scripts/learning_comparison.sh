@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The TextWorld learning comparison of docs/learning.md: SLEA, GRPO and task-level retrieval, each
 # with the seeds given (default "0 1"), one run after the other (two learners do not fit in 24 GiB
-# together), from configs/textworld-learning.yaml; then the held-out curves by preset (mean and
-# range over seeds) into docs/learning/. Runs go to runs/tw-<preset>-s<seed>; a finished run is
-# not repeated (delete its directory to redo it).
+# together), from configs/textworld-learning.yaml; then the held-out results by preset (mean and
+# range over seeds) into docs/learning/. The first run also evaluates the base model before its
+# first update: every run starts from that same policy (and an empty library), so the others skip
+# that evaluation and share it as the baseline. Runs go to runs/tw-<preset>-s<seed>; a finished
+# run is not repeated (delete its directory to redo it).
 #   bash scripts/learning_comparison.sh            # 6 runs
 #   SEEDS="0 1 2" bash scripts/learning_comparison.sh
 set -euo pipefail
@@ -11,20 +13,22 @@ cd "$(dirname "$0")/.."
 seeds=${SEEDS:-"0 1"}
 presets=${PRESETS:-"slea grpo task_retrieval"}
 runs=()
+baseline=true
 for seed in $seeds; do
   for preset in $presets; do
     id="tw-${preset}-s${seed}"
     runs+=("runs/${id}")
-    metrics="runs/${id}/metrics.jsonl"
-    if [ -f "$metrics" ] && [ "$(grep -c '"eval/success_rate"' "$metrics")" -ge 2 ]; then
-      echo "learning_comparison: ${id} already has its evaluations, skipped"
+    if [ -f "runs/${id}/comparison-done" ]; then
+      echo "learning_comparison: ${id} finished earlier, skipped"
+      baseline=false
       continue
     fi
     rm -rf "runs/${id}"
     started=$(date +%s)
     .venv/bin/slea train configs/textworld-learning.yaml --set "run.id=${id}" --set "run.seed=${seed}" \
-      --set "run.preset=${preset}"
-    echo "learning_comparison: ${id} took $(( $(date +%s) - started )) s"
+      --set "run.preset=${preset}" --set "eval.before_training=${baseline}"
+    echo "learning_comparison: ${id} took $(( $(date +%s) - started )) s" | tee "runs/${id}/comparison-done"
+    baseline=false
   done
 done
 mkdir -p docs/learning

@@ -201,6 +201,7 @@ class MonitoringConfig(_Section):
 
 class EvalConfig(_Section):
     every: int = Field(0, ge=0, description="Held-out panel evaluation every N learner steps, plus before the first and after the last (0 = never).")
+    before_training: bool = Field(True, description="Also evaluate the policy before the first update (false: runs of one comparison share one baseline evaluation of the base model).")
     panel_size: int | None = Field(None, ge=1, description="Panel tasks played while training (null = envs.panel_size); training holds out the larger of the two.")
     samples_per_task: int = Field(2, ge=1, description="Sampled episodes per panel task (plus one greedy).")
     library: bool = Field(True, description="Also play with the run's live library, when the run has one.")

@@ -171,7 +171,7 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
         learner = ranks[0]  # the driver talks to rank 0; the other ranks follow it
         learner_runs = [rank.run.remote() for rank in ranks]
         evals = _start_evaluator(config, run_dir)
-        if evals is not None and not resumed:
+        if evals is not None and not resumed and config.eval.before_training:
             evals.on_learner_step(0, final=True)  # the policy before any update: the curve's first point
         pool = ActorPool(config, config.redis.url)
         pool.scale(config.actors.num_workers)
