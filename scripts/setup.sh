@@ -13,6 +13,7 @@ command -v g++ >/dev/null || need_apt+=(g++)
 command -v cmake >/dev/null || need_apt+=(cmake)
 if [ -n "$extras" ]; then
   command -v prometheus >/dev/null || need_apt+=(prometheus)
+  command -v prometheus-redis-exporter >/dev/null || need_apt+=(prometheus-redis-exporter)
 fi
 python3 -m venv --help >/dev/null 2>&1 || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
