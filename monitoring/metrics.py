@@ -127,7 +127,8 @@ def metric(name: str, registry: CollectorRegistry = REGISTRY):
     return live
 
 
-def serve_metrics(port: int, address: str = "0.0.0.0") -> int:
-    """Expose the default registry on an HTTP port (outside Ray); returns the bound port."""
+def serve_metrics(port: int, address: str = "127.0.0.1") -> int:
+    """Expose the default registry on an HTTP port (outside Ray); returns the bound port. Loopback
+    unless told otherwise (monitoring.metrics_host): metrics name runs and hosts."""
     server, _thread = start_http_server(port, addr=address)
     return server.server_port

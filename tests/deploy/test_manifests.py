@@ -233,5 +233,8 @@ def test_rayservice_serves_the_library_app_as_configured(rendered, overlay):
     base = entrypoint_config({"spec": {"entrypoint": f"slea train {config_path}"}})[0].library
     assert deployment["autoscaling_config"] == {"min_replicas": base.replicas, "max_replicas": base.max_replicas,
                                                 "target_ongoing_requests": base.target_ongoing_requests}
+    assert (deployment["max_ongoing_requests"], deployment["max_queued_requests"]) == \
+        (base.max_ongoing_requests, base.max_queued_requests), "the RayService bounds differ from the config's"
+    assert serve["http_options"]["host"] == base.http_host == "0.0.0.0", "Serve must answer other pods in the cluster"
     library_pool = custom_resources(ray_pod_groups(find(rendered[overlay], "RayService")["spec"]["rayClusterConfig"])["library"])
     assert deployment["ray_actor_options"]["resources"]["library_pool"] <= library_pool["library_pool"]
