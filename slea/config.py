@@ -41,6 +41,7 @@ class RunConfig(_Section):
 
 class RedisConfig(_Section):
     url: str | None = Field(None, description="redis:// or rediss:// URL; null starts a private embedded redis-server.")
+    username: str | None = Field(None, description="Redis ACL user (null = the default user); the cluster's is limited to slea:<run.id>:* keys.")
     password_env: str | None = Field("SLEA_REDIS_PASSWORD", description="Environment variable holding the password (never put it in YAML).")
     password_file: str | None = Field(None, description="File holding the password, e.g. a mounted Kubernetes Secret.")
     tls_ca_file: str | None = Field(None, description="CA bundle for rediss:// connections.")
