@@ -12,13 +12,14 @@ from urllib.parse import urlparse
 import jsonschema
 import pytest
 import yaml
+from packaging.version import Version
 from k8s_render import (K8S, OVERLAYS, REPO, custom_resources, entrypoint_config, find, kustomize, ray_cluster_specs,
                       ray_pod_groups)
 
 from slea.channels import LIBRARY_APP
 
 POOLS = {"actors": "actor_pool", "learner": "learner_pool", "library": "library_pool"}
-CORE_KINDS = {"ConfigMap", "Service", "StatefulSet"}
+CORE_KINDS = {"ConfigMap", "NetworkPolicy", "Service", "StatefulSet"}
 RAY_KINDS = {"RayJob", "RayService"}
 
 
@@ -45,8 +46,10 @@ def strict(schema: dict) -> dict:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_the_whole_deployment(rendered, overlay):
     kinds = sorted((doc["kind"], re.sub(r"-[a-z0-9]{10}$", "", doc["metadata"]["name"])) for doc in rendered[overlay])
-    assert kinds == [("ConfigMap", "slea-redis-config"), ("RayJob", "slea-train"), ("RayService", "slea-library"),
-                     ("Service", "slea-redis"), ("StatefulSet", "slea-redis")]
+    assert [k for k in kinds if k[0] != "NetworkPolicy"] == [
+        ("ConfigMap", "slea-redis-config"), ("RayJob", "slea-train"), ("RayService", "slea-library"),
+        ("Service", "slea-redis"), ("StatefulSet", "slea-redis")]
+    assert ("NetworkPolicy", "slea-default-deny") in kinds
     assert all(doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "slea-rl" for doc in rendered[overlay])
 
 
@@ -257,3 +260,10 @@ def test_rayservice_serves_the_library_app_as_configured(rendered, overlay):
     assert serve["http_options"]["host"] == base.http_host == "0.0.0.0", "Serve must answer other pods in the cluster"
     library_pool = custom_resources(ray_pod_groups(find(rendered[overlay], "RayService")["spec"]["rayClusterConfig"])["library"])
     assert deployment["ray_actor_options"]["resources"]["library_pool"] <= library_pool["library_pool"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_ray_cluster_requires_a_token_from_a_secret(rendered, overlay):
+    for where, cluster in ray_cluster_specs(rendered[overlay]).items():
+        assert cluster["authOptions"] == {"mode": "token", "secretName": "slea-ray-token"}, where
+        assert Version(version("ray")) >= Version("2.52.0"), "Ray token authentication needs Ray 2.52 or later"
