@@ -127,7 +127,11 @@ class LibraryServer:
 def build_app(config: SleaConfig, redis_url: str):
     """The Serve application for a run, with replicas and autoscaling from LibraryConfig."""
     cfg = config.library
-    options: dict = {"ray_actor_options": {"num_cpus": 1, "resources": dict(cfg.resources)}}
+    # Bounded: a replica works on max_ongoing_requests at once and each caller queues at most
+    # max_queued_requests more; beyond that Serve answers 503 "dropped due to backpressure"
+    # instead of queueing without limit until memory or latency gives out.
+    options: dict = {"ray_actor_options": {"num_cpus": 1, "resources": dict(cfg.resources)},
+                     "max_ongoing_requests": cfg.max_ongoing_requests, "max_queued_requests": cfg.max_queued_requests}
     if cfg.max_replicas > cfg.replicas:
         options["autoscaling_config"] = {"min_replicas": cfg.replicas, "max_replicas": cfg.max_replicas,
                                          "target_ongoing_requests": cfg.target_ongoing_requests}

@@ -35,7 +35,7 @@ def start_serve_app(config: SleaConfig, redis_url: str):
     from ray import serve
 
     if config.library.http_port:
-        serve.start(http_options={"host": "0.0.0.0", "port": config.library.http_port})
+        serve.start(http_options={"host": config.library.http_host, "port": config.library.http_port})
     else:
         serve.start(proxy_location="Disabled")
     return serve.run(build_app(config, redis_url), name=LIBRARY_APP, route_prefix="/")

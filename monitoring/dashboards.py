@@ -53,6 +53,7 @@ class Panel:
     unit: str = "short"  # Grafana unit id: short, s, percentunit, ops, Bps, ...
     kind: str = "timeseries"  # or "stat" for single current values
     width: int = 12  # of 24 grid columns
+    description: str = ""  # for panels on metrics outside the catalogue (the catalogue's help otherwise)
 
 
 @dataclass
@@ -135,6 +136,11 @@ STREAM = Dashboard("slea-stream", "SLEA-RL / Step stream", [
     Panel("Claimed from idle consumers/s", [(_rate_by("stream_records_claimed_total", "group"), "{{group}}")], unit="ops"),
     Panel("Reconnects (last hour)", [(f"sum by (role) (increase({m('stream_reconnects_total')}[1h]))", "{{role}}")]),
     Panel("Trimmed entries/s", [(_rate_by("stream_trimmed_total", "stream"), "{{stream}}")], unit="ops"),
+    # Redis itself, from prometheus-redis-exporter: not per run (one Redis holds every run's keys)
+    Panel("Redis memory used of maxmemory", [(
+        "max by (instance) (redis_memory_used_bytes) / max by (instance) (redis_memory_max_bytes > 0)", "{{instance}}")],
+        unit="percentunit", description="redis_memory_used_bytes / redis_memory_max_bytes (prometheus-redis-exporter). "
+        "At 1 Redis refuses writes (maxmemory-policy noeviction) and producers stop with a backpressure error."),
 ])
 
 LEARNER = Dashboard("slea-learner", "SLEA-RL / Learner", [])
@@ -204,7 +210,7 @@ def render(dashboard: Dashboard) -> dict:
             x, y = 0, y + 8
         exprs = [expr for expr, _legend in panel.targets]
         panels.append({
-            "id": number, "type": panel.kind, "title": panel.title, "description": _help_of(exprs),
+            "id": number, "type": panel.kind, "title": panel.title, "description": panel.description or _help_of(exprs),
             "datasource": {"type": "prometheus", "uid": "${datasource}"},
             "gridPos": {"h": height, "w": panel.width, "x": x, "y": y},
             "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},

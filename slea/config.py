@@ -60,6 +60,7 @@ class RunConfig(_Section):
 
 class RedisConfig(_Section):
     url: str | None = Field(None, description="redis:// or rediss:// URL; null starts a private embedded redis-server.")
+    username: str | None = Field(None, description="Redis ACL user (null = the default user); the cluster's is limited to slea:<run.id>:* keys.")
     password_env: str | None = Field("SLEA_REDIS_PASSWORD", description="Environment variable holding the password (never put it in YAML).")
     password_file: str | None = Field(None, description="File holding the password, e.g. a mounted Kubernetes Secret.")
     tls_ca_file: str | None = Field(None, description="CA bundle for rediss:// connections.")
@@ -174,6 +175,9 @@ class LibraryConfig(_Section):
     replicas: int = Field(1, ge=1, description="Ray Serve replicas of the retrieval app.")
     max_replicas: int = Field(4, ge=1, description="Serve autoscaling upper bound.")
     http_port: int = Field(8000, ge=0, le=65535, description="Ray Serve HTTP port (0 = no HTTP).")
+    http_host: str = Field("127.0.0.1", description="Address Serve's HTTP proxy listens on; 0.0.0.0 opens it to other machines (the cluster config does).")
+    max_ongoing_requests: int = Field(8, ge=1, description="Requests one Serve replica works on at once; more wait in the caller's queue.")
+    max_queued_requests: int = Field(32, ge=1, description="Requests each caller (HTTP proxy, actor handle) queues for the app; more get 503 'dropped due to backpressure'.")
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources pinning the library.")
     window_seconds: float | None = Field(None, gt=0, description="Extraction window as wall time instead of learner versions (null = versions).")
     dedup_threshold: float = Field(0.85, ge=-1, le=1, description="Cosine similarity at which a candidate merges into an item of its zone.")
@@ -192,9 +196,17 @@ class LibraryConfig(_Section):
     max_request_bytes: int = Field(4_000_000, ge=1024, description="HTTP request body limit of the retrieval app (larger get 413).")
     target_ongoing_requests: float = Field(4.0, gt=0, description="Serve autoscaling: in-flight requests per replica to aim for.")
 
+    @model_validator(mode="after")
+    def _target_within_bound(self) -> "LibraryConfig":
+        if self.target_ongoing_requests > self.max_ongoing_requests:
+            raise ValueError(f"target_ongoing_requests ({self.target_ongoing_requests}) must not exceed "
+                             f"max_ongoing_requests ({self.max_ongoing_requests}): replicas could never reach it")
+        return self
+
 
 class MonitoringConfig(_Section):
     metrics_port: int | None = Field(None, ge=0, le=65535, description="prometheus-client HTTP port outside Ray (null = none, 0 = any free port).")
+    metrics_host: str = Field("127.0.0.1", description="Address the prometheus-client port listens on; 0.0.0.0 lets another machine's Prometheus scrape it.")
     tensorboard: bool = Field(True, description="Write TensorBoard event files into the run directory.")
     plots: bool = Field(True, description="Write PNG plots into the run directory as the run goes.")
 

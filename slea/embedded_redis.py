@@ -29,7 +29,8 @@ class RedisServerMissing(RuntimeError):
 class EmbeddedRedis:
     """`with EmbeddedRedis() as server: server.url` — the server lives exactly as long as the block."""
 
-    def __init__(self, data_dir: str | Path | None = None, *, appendonly: bool = True, port: int | None = None):
+    def __init__(self, data_dir: str | Path | None = None, *, appendonly: bool = True, port: int | None = None,
+                 extra_args: list[str] = ()):
         binary = shutil.which("redis-server")
         if binary is None:
             raise RedisServerMissing(INSTALL_HINT)
@@ -40,6 +41,7 @@ class EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.appendonly = appendonly
         self.port = port or free_port()
+        self.extra_args = list(extra_args)  # more redis-server options, e.g. a TLS port beside the plain one (tests)
         self.process: subprocess.Popen | None = None
 
     @property
@@ -51,7 +53,7 @@ class EmbeddedRedis:
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
             "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
             "--save", "", "--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning",
-            "--logfile", str(self.data_dir / "redis.log"),
+            "--logfile", str(self.data_dir / "redis.log"), *self.extra_args,
         ]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)

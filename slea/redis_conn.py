@@ -44,6 +44,8 @@ def connect(cfg: RedisConfig, url: str | None = None) -> redis.Redis:
     password = redis_password(cfg)
     if password:
         options["password"] = password
+    if cfg.username:
+        options["username"] = cfg.username
     if url.startswith("rediss://"):
         options["ssl_cert_reqs"] = "required" if cfg.tls_verify else "none"
         if cfg.tls_ca_file:
@@ -53,6 +55,11 @@ def connect(cfg: RedisConfig, url: str | None = None) -> redis.Redis:
 
 class RedisUnavailable(RuntimeError):
     """Redis stayed unreachable for longer than redis.reconnect_max_s."""
+
+
+class RedisBackpressure(RuntimeError):
+    """Redis refused a write because it reached maxmemory (policy noeviction): a consumer group is
+    behind and the stream cannot be trimmed. Retrying does not help; freeing the consumer does."""
 
 
 def with_reconnect(call: Callable[[], T], *, max_wait_s: float, on_retry: Callable[[], None] = lambda: None) -> T:

@@ -16,9 +16,12 @@ import redis
 
 from monitoring.metrics import metric
 from slea.records import RecordDecodeError, StepRecord, decode, encode
-from slea.redis_conn import with_reconnect
+from slea.redis_conn import RedisBackpressure, with_reconnect
 
 PAYLOAD_FIELD = b"r"
+# Dead letters kept (oldest dropped beyond it): a consumer failing on every entry must not fill
+# Redis with copies of the stream; SleaDeadLetters alerts long before the bound matters.
+DEAD_LETTER_MAXLEN = 10_000
 
 
 @dataclass
@@ -69,7 +72,15 @@ class StreamProducer:
         pipe = self.client.pipeline(transaction=False)
         for payload in batch:
             pipe.xadd(self.stream, {PAYLOAD_FIELD: payload})
-        return [entry_id.decode() for entry_id in pipe.execute()]
+        try:
+            return [entry_id.decode() for entry_id in pipe.execute()]
+        except redis.exceptions.OutOfMemoryError as exc:  # Redis's "OOM command not allowed ..." reply
+            metric("stream_backpressure_total").labels(stream=self.stream).inc()
+            raise RedisBackpressure(
+                f"Redis is full (maxmemory reached, policy noeviction) and refused XADD to {self.stream}: a consumer "
+                f"group is behind, so the stream cannot be trimmed. Check the consumers (runbook: "
+                f"SleaRedisMemoryNearLimit, SleaConsumerStalled); the steps of this batch were not written. ({exc})"
+            ) from None
 
 
 class StreamConsumer:
@@ -86,12 +97,14 @@ class StreamConsumer:
         max_deliveries: int = 5,
         claim_idle_ms: int = 60_000,
         reconnect_max_s: float = 30.0,
+        dead_letter_maxlen: int = DEAD_LETTER_MAXLEN,
     ):
         self.client = client
         self.stream = stream
         self.group = group
         self.consumer = consumer
         self.dead_letter_key = dead_letter_key
+        self.dead_letter_maxlen = dead_letter_maxlen
         self.max_deliveries = max_deliveries
         self.claim_idle_ms = claim_idle_ms
         self.reconnect_max_s = reconnect_max_s
@@ -203,12 +216,14 @@ class StreamConsumer:
         return deliveries
 
     def _dead_letter(self, entry_id: str, payload: bytes, reason: str) -> None:
-        """Keep the entry with its reason in slea:<run>:dead, then ack it so the group moves on."""
+        """Keep the entry with its reason in slea:<run>:dead (the newest dead_letter_maxlen, trimmed
+        exactly: dead letters are rare, so the exact trim costs nothing), then ack it so the group
+        moves on."""
         pipe = self.client.pipeline(transaction=True)
         pipe.xadd(self.dead_letter_key, {
             "source_stream": self.stream, "source_id": entry_id, "group": self.group,
             "reason": reason, "payload": payload, "at": str(time.time()),
-        })
+        }, maxlen=self.dead_letter_maxlen, approximate=False)
         pipe.xack(self.stream, self.group, entry_id)
         pipe.execute()
         kind = reason.split(":", 1)[0] if reason.startswith("malformed") else "max_deliveries"

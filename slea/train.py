@@ -158,7 +158,7 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
     else:
         from monitoring.metrics import serve_metrics
 
-        serve_metrics(config.monitoring.metrics_port)
+        serve_metrics(config.monitoring.metrics_port, config.monitoring.metrics_host)
     recorder = _recorder(config, run_dir)
     progress = Progress(config)
     library = learner = pool = None

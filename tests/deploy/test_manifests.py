@@ -12,13 +12,14 @@ from urllib.parse import urlparse
 import jsonschema
 import pytest
 import yaml
+from packaging.version import Version
 from k8s_render import (K8S, OVERLAYS, REPO, custom_resources, entrypoint_config, find, kustomize, ray_cluster_specs,
                       ray_pod_groups)
 
 from slea.channels import LIBRARY_APP
 
 POOLS = {"actors": "actor_pool", "learner": "learner_pool", "library": "library_pool"}
-CORE_KINDS = {"Service", "StatefulSet"}
+CORE_KINDS = {"ConfigMap", "NetworkPolicy", "Service", "StatefulSet"}
 RAY_KINDS = {"RayJob", "RayService"}
 
 
@@ -44,9 +45,11 @@ def strict(schema: dict) -> dict:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_the_whole_deployment(rendered, overlay):
-    kinds = sorted((doc["kind"], doc["metadata"]["name"]) for doc in rendered[overlay])
-    assert kinds == [("RayJob", "slea-train"), ("RayService", "slea-library"), ("Service", "slea-redis"),
-                     ("StatefulSet", "slea-redis")]
+    kinds = sorted((doc["kind"], re.sub(r"-[a-z0-9]{10}$", "", doc["metadata"]["name"])) for doc in rendered[overlay])
+    assert [k for k in kinds if k[0] != "NetworkPolicy"] == [
+        ("ConfigMap", "slea-redis-config"), ("RayJob", "slea-train"), ("RayService", "slea-library"),
+        ("Service", "slea-redis"), ("StatefulSet", "slea-redis")]
+    assert ("NetworkPolicy", "slea-default-deny") in kinds
     assert all(doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "slea-rl" for doc in rendered[overlay])
 
 
@@ -155,24 +158,35 @@ def _containers(doc: dict) -> list[dict]:
     return []
 
 
-def _secret_ref(env: list[dict], name: str) -> tuple[str, str]:
-    entry = next((e for e in env if e["name"] == name), None)
-    assert entry is not None, f"env var {name} missing"
-    ref = entry["valueFrom"]["secretKeyRef"]
-    return ref["name"], ref["key"]
-
-
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_redis_password_comes_from_one_secret_everywhere(rendered, overlay):
+def test_redis_passwords_come_from_secret_files_never_env_or_arguments(rendered, overlay):
+    """The Secret slea-redis reaches pods only as mounted files: the Ray pods get its `password` key
+    where the config reads it (redis.password_file), the Redis pod builds its ACL from it."""
     config, _ = entrypoint_config(find(rendered[overlay], "RayJob"))
-    redis = find(rendered[overlay], "StatefulSet", "slea-redis")["spec"]["template"]["spec"]["containers"][0]
-    secret = _secret_ref(redis["env"], "REDIS_PASSWORD")
-    assert redis["args"][redis["args"].index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    assert config.redis.password_env is None and config.redis.username == "slea"
+    password_dir, password_name = config.redis.password_file.rsplit("/", 1)
     for doc in rendered[overlay]:
-        if doc["kind"] in RAY_KINDS:
-            for container in _containers(doc):
-                assert _secret_ref(container["env"], config.redis.password_env) == secret
+        if doc["kind"] not in RAY_KINDS | {"StatefulSet"}:
+            continue
+        for template in _pod_templates(doc):
+            spec = template["spec"]
+            for container in spec.get("initContainers", []) + spec["containers"]:
+                assert not [e for e in container.get("env", []) if "valueFrom" in e], f"{container['name']}: secret in env"
+                assert not [a for a in container.get("args", []) + container.get("command", []) if "requirepass" in a]
+            secrets = {v["name"]: v["secret"] for v in spec.get("volumes", []) if "secret" in v}
+            assert {s["secretName"] for s in secrets.values()} == {"slea-redis"}, doc["metadata"]["name"]
+            if doc["kind"] in RAY_KINDS:
+                (name, secret), = secrets.items()
+                assert secret["items"] == [{"key": "password", "path": password_name}]  # not the exporter's key
+                for container in spec["containers"]:
+                    assert {"name": name, "mountPath": password_dir, "readOnly": True} in container["volumeMounts"]
     assert not any(doc["kind"] == "Secret" for doc in rendered[overlay]), "passwords never ship in the manifests"
+
+
+def _pod_templates(doc: dict) -> list[dict]:
+    if doc["kind"] == "StatefulSet":
+        return [doc["spec"]["template"]]
+    return [group["template"] for group in ray_pod_groups(next(iter(ray_cluster_specs([doc]).values()))).values()]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -184,7 +198,15 @@ def test_redis_is_durable_and_reachable(rendered, overlay):
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     container = pod["spec"]["containers"][0]
     args = container["args"]
-    assert args[args.index("--appendonly") + 1] == "yes"
+    config_map = next(doc for doc in rendered[overlay] if doc["kind"] == "ConfigMap")
+    conf = dict(line.split(" ", 1) for line in config_map["data"]["redis.conf"].splitlines() if line and line[0] != "#")
+    assert (conf["appendonly"], conf["maxmemory-policy"]) == ("yes", "noeviction")
+    assert args[1] == "/etc/slea-redis/config/redis.conf" and "--appendonly" not in args
+    limit = container["resources"]["limits"]["memory"]
+    maxmemory = args[args.index("--maxmemory") + 1]
+    units = {"Mi": 2**20, "Gi": 2**30, "mb": 2**20, "gb": 2**30}
+    to_bytes = lambda size: int(size[:-2]) * units[size[-2:]]  # noqa: E731
+    assert 0.5 <= to_bytes(maxmemory) / to_bytes(limit) <= 0.8, f"maxmemory {maxmemory} for a {limit} limit"
     data_dir = args[args.index("--dir") + 1]
     claim = statefulset["spec"]["volumeClaimTemplates"][0]["metadata"]["name"]
     assert {"name": claim, "mountPath": data_dir} in container["volumeMounts"]
@@ -233,5 +255,15 @@ def test_rayservice_serves_the_library_app_as_configured(rendered, overlay):
     base = entrypoint_config({"spec": {"entrypoint": f"slea train {config_path}"}})[0].library
     assert deployment["autoscaling_config"] == {"min_replicas": base.replicas, "max_replicas": base.max_replicas,
                                                 "target_ongoing_requests": base.target_ongoing_requests}
+    assert (deployment["max_ongoing_requests"], deployment["max_queued_requests"]) == \
+        (base.max_ongoing_requests, base.max_queued_requests), "the RayService bounds differ from the config's"
+    assert serve["http_options"]["host"] == base.http_host == "0.0.0.0", "Serve must answer other pods in the cluster"
     library_pool = custom_resources(ray_pod_groups(find(rendered[overlay], "RayService")["spec"]["rayClusterConfig"])["library"])
     assert deployment["ray_actor_options"]["resources"]["library_pool"] <= library_pool["library_pool"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_ray_cluster_requires_a_token_from_a_secret(rendered, overlay):
+    for where, cluster in ray_cluster_specs(rendered[overlay]).items():
+        assert cluster["authOptions"] == {"mode": "token", "secretName": "slea-ray-token"}, where
+        assert Version(version("ray")) >= Version("2.52.0"), "Ray token authentication needs Ray 2.52 or later"

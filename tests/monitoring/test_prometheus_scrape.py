@@ -15,8 +15,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import redis
 import yaml
 
+from slea.embedded_redis import EmbeddedRedis
 from slea.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,14 +63,18 @@ def prometheus(tmp_path):
         pytest.skip("prometheus not installed: apt-get install prometheus (scripts/setup.sh --dev does)")
     processes = []
 
-    def start(targets: list[str]) -> str:
+    def start(targets: list[str], job_name: str = "slea-local") -> str:
         config = yaml.safe_load(SHIPPED.read_text())
         config["global"].update(scrape_interval="1s", evaluation_interval="1s")
         config["rule_files"] = [str(SHIPPED.parent / name) for name in config["rule_files"]]
-        # no Kubernetes here: keep the local job and point it at the live components
-        (local,) = [job for job in config["scrape_configs"] if "static_configs" in job]
-        local["static_configs"][0]["targets"] = targets
-        config["scrape_configs"] = [local]
+        # no Kubernetes here: keep one job and point it at the live components (a Kubernetes job
+        # loses its pod discovery and the relabelling that reads pod metadata)
+        (job,) = [job for job in config["scrape_configs"] if job["job_name"] == job_name]
+        if job.pop("kubernetes_sd_configs", None) is not None:
+            job["relabel_configs"] = [rule for rule in job.get("relabel_configs", [])
+                                      if not any(label.startswith("__meta_kubernetes") for label in rule["source_labels"])]
+        job["static_configs"] = [{**(job.get("static_configs") or [{}])[0], "targets": targets}]
+        config["scrape_configs"] = [job]
         config_path = tmp_path / "prometheus.yml"
         config_path.write_text(yaml.safe_dump(config))
         port = free_port()
@@ -135,3 +141,38 @@ def test_prometheus_scrapes_ray_metrics_under_slea_names(prometheus, redis_url, 
     finally:
         component.kill()
         component.wait()
+
+
+def test_prometheus_scrapes_the_redis_exporter_and_the_memory_alert_goes_pending(prometheus, tmp_path):
+    """The real prometheus-redis-exporter (Debian package) in front of a Redis with maxmemory, scraped
+    by the shipped slea-redis job: filled past 80%, SleaRedisMemoryNearLimit's expression holds and
+    the alert goes pending (it fires after its `for`, which the promtool tests cover)."""
+    exporter_binary = shutil.which("prometheus-redis-exporter")
+    if exporter_binary is None:
+        pytest.skip("prometheus-redis-exporter not installed: apt-get install prometheus-redis-exporter "
+                    "(scripts/setup.sh --dev does)")
+    server = EmbeddedRedis(tmp_path / "redis", appendonly=False).start()
+    exporter = None
+    try:
+        client = redis.Redis(port=server.port)
+        client.config_set("maxmemory", 4 * 1024 * 1024)
+        client.config_set("maxmemory-policy", "noeviction")
+        port = free_port()
+        exporter = subprocess.Popen([exporter_binary, f"-redis.addr=redis://127.0.0.1:{server.port}",
+                                     f"-web.listen-address=127.0.0.1:{port}"],
+                                    stdout=subprocess.DEVNULL, stderr=(tmp_path / "exporter.log").open("w"))
+        api = prometheus([f"127.0.0.1:{port}"], job_name="slea-redis")
+        (limit,) = wait_for(lambda: query(api, 'redis_memory_max_bytes{job="slea-redis"}'), 30, "redis_memory_max_bytes")
+        assert float(limit["value"][1]) == 4 * 1024 * 1024
+        assert not query(api, 'ALERTS{alertname="SleaRedisMemoryNearLimit"}')
+        while client.info("memory")["used_memory"] < 0.9 * 4 * 1024 * 1024:
+            client.set(f"filler:{client.dbsize()}", b"x" * 16384)
+        alert = wait_for(lambda: [a for a in get_json(f"{api}/alerts")["data"]["alerts"]
+                                  if a["labels"]["alertname"] == "SleaRedisMemoryNearLimit"], 30,
+                         "SleaRedisMemoryNearLimit to go pending")
+        assert alert[0]["state"] == "pending" and alert[0]["labels"]["job"] == "slea-redis"
+    finally:
+        if exporter is not None:
+            exporter.terminate()
+            exporter.wait(timeout=10)
+        server.stop()

@@ -167,3 +167,12 @@ def test_cli_exits_2_with_one_line_naming_the_key(tmp_path, content, key):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and key in lines[0] and "Traceback" not in result.stderr
+
+
+def test_local_runs_listen_on_loopback_and_bound_serve_queues():
+    config = load_config(Path(__file__).resolve().parents[2] / "configs/local.yaml")
+    assert config.library.http_host == config.monitoring.metrics_host == "127.0.0.1"
+    assert 1 <= config.library.target_ongoing_requests <= config.library.max_ongoing_requests
+    assert config.library.max_queued_requests >= 1
+    with pytest.raises(ConfigError, match="'library'.*target_ongoing_requests \\(9.0\\) must not exceed max_ongoing_requests \\(8\\)"):
+        load_config(None, ["library.target_ongoing_requests=9"])

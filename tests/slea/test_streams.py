@@ -245,3 +245,36 @@ def test_auth_password_comes_from_env_or_file(redis_client, redis_url, tmp_path,
     finally:
         authed = redis.Redis.from_url(redis_url, password="s3cret")
         authed.config_set("requirepass", "")
+
+
+def test_a_full_redis_gives_producers_a_backpressure_error_not_an_oom(redis_client):
+    """maxmemory with noeviction: XADD is refused with OOM, which the producer turns into a
+    RedisBackpressure that says what to do, and counts (SleaStreamBackpressure alerts on it)."""
+    import pytest
+    from prometheus_client import REGISTRY
+
+    from slea.redis_conn import RedisBackpressure
+
+    before = REGISTRY.get_sample_value("slea_stream_backpressure_total", {"stream": STREAM}) or 0.0
+    redis_client.config_set("maxmemory-policy", "noeviction")
+    redis_client.config_set("maxmemory", redis_client.info("memory")["used_memory"] + 2 * 1024 * 1024)
+    try:
+        producer = StreamProducer(redis_client, STREAM, batch_size=64)
+        with pytest.raises(RedisBackpressure, match=r"Redis is full \(maxmemory reached, policy noeviction\).*consumer"):
+            for _ in range(1000):  # ~2 MB of records fill it long before this ends
+                producer.send(make_records(64))
+        assert REGISTRY.get_sample_value("slea_stream_backpressure_total", {"stream": STREAM}) - before == 1
+        assert redis_client.ping()  # Redis itself is fine and still answers reads
+        assert redis_client.xlen(STREAM) > 0
+    finally:
+        redis_client.config_set("maxmemory", 0)
+
+
+def test_the_dead_letter_stream_is_bounded(redis_client):
+    for index in range(30):
+        redis_client.xadd(STREAM, {PAYLOAD_FIELD: f"junk {index}".encode()})
+    reader = consumer(redis_client, "learner", "l0", dead_letter_maxlen=10)
+    drain(reader, {})
+    dead = redis_client.xrange(DEAD)
+    assert len(dead) == 10  # the newest ten dead letters, trimmed exactly
+    assert dead[-1][1][b"payload"] == b"junk 29"
