@@ -46,6 +46,14 @@ def tiny_model_dir(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def policy_tokenizer(tiny_model_dir):
+    """The test policy's tokenizer (the real SmolLM2 one), loaded by model name as the writer loads it."""
+    from slea.models import load_tokenizer
+
+    return load_tokenizer(str(tiny_model_dir))
+
+
 _exit_status: int | None = None
 
 

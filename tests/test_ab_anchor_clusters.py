@@ -38,7 +38,7 @@ BUDGET = 3
 
 
 @pytest.fixture(scope="module")
-def lake_library(redis_server):
+def lake_library(redis_server, policy_tokenizer):
     """A frozenlake task, a library past warm-up holding one lesson for its start board, and the app serving it."""
     client = redis.Redis.from_url(redis_server.url)
     client.flushall()
@@ -47,7 +47,7 @@ def lake_library(redis_server):
     env = make_env("frozenlake", max_steps=BUDGET)
     task = env.make_task(0, split="train")
     start_board = env.reset(task).observation.anchor_obs
-    library = Library(config.library, Embedder())
+    library = Library(config.library, Embedder(), policy_tokenizer=policy_tokenizer)
     library.admit([Candidate(STRATEGY, "method", LESSON, "", task.task_type, [start_board], 0.9, ["ep"])],
                   {STRATEGY: 1, WARNING: 0})
     library.commit()

@@ -14,11 +14,3 @@ from library.embedding import Embedder  # noqa: E402
 @pytest.fixture(scope="session")
 def embedder() -> Embedder:
     return Embedder()
-
-
-@pytest.fixture(scope="session")
-def policy_tokenizer(tiny_model_dir):
-    """The test policy's tokenizer (the real SmolLM2 one), loaded by model name as the writer loads it."""
-    from slea.models import load_tokenizer
-
-    return load_tokenizer(str(tiny_model_dir))
