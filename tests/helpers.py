@@ -43,3 +43,25 @@ def perturbed_shipped_model(seed: int):
         for parameter in replacement.parameters():
             parameter.add_(0.02 * torch.randn(parameter.shape, generator=generator))
     return resolve_checkpoint(SHIPPED), model, replacement
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The IPv4/IPv6 addresses a TCP socket on `port` listens on, from /proc/net/tcp{,6} (so a test
+    can tell "loopback only" from "every interface" without sending anything off loopback)."""
+    import ipaddress
+    from pathlib import Path
+
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not Path(table).is_file():
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address_hex, port_hex = local.split(":")
+            if state != "0A" or int(port_hex, 16) != port:  # 0A: LISTEN
+                continue
+            raw = bytes.fromhex(address_hex)
+            # The kernel prints each 32-bit word in host (little-endian) order.
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            found.add(str(ipaddress.ip_address(raw)))
+    return found

@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
-import pytest
-
+from helpers import listening_addresses
 from monitoring.metrics import serve_metrics
-
-
-def _outbound_address() -> str | None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("192.0.2.1", 9))  # UDP connect sends nothing; it only picks the interface
-        except OSError:
-            return None
-        address = probe.getsockname()[0]
-    return None if address.startswith("127.") else address
 
 
 def test_metrics_server_listens_on_loopback_by_default():
     port = serve_metrics(0)
     assert urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).status == 200
-    address = _outbound_address()
-    if address is None:
-        pytest.skip("no non-loopback address on this machine to try")
-    with pytest.raises(ConnectionRefusedError):
-        socket.create_connection((address, port), timeout=5).close()
+    assert listening_addresses(port) == {"127.0.0.1"}  # not 0.0.0.0: no other interface reaches it
+
+
+def test_metrics_host_opens_it_to_every_interface():
+    port = serve_metrics(0, address="0.0.0.0")
+    assert listening_addresses(port) == {"0.0.0.0"}
