@@ -62,8 +62,11 @@ def safe_min_id(client: redis.Redis, stream: str, required_groups: list[str]) ->
         return None
     needed = []
     for group in stats.values():
-        if group.pending:
-            summary = client.xpending(stream, group.name)
+        # Pending count and oldest pending id from one XPENDING (atomic): XINFO's count can be stale by
+        # now (a consumer acked in between, leaving no oldest id). Without pending entries the group
+        # needs what comes after the last delivery XINFO saw, which is never later than the current one.
+        summary = client.xpending(stream, group.name)
+        if summary["pending"]:
             needed.append(summary["min"].decode() if isinstance(summary["min"], bytes) else summary["min"])
         else:
             needed.append(_next_id(group.last_delivered_id))
