@@ -37,14 +37,14 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def bounded_app(redis_server, embedder):
+def bounded_app(redis_server, embedder, policy_tokenizer):
     """One replica, max_ongoing_requests=1, max_queued_requests=2, HTTP on the default host."""
     client = redis.Redis.from_url(redis_server.url)
     client.flushall()
     values = library_config(http_port=serve_http_port(), replicas=1, max_replicas=1, max_ongoing_requests=1,
                             max_queued_requests=2, target_ongoing_requests=1, max_batch_observations=64).model_dump()
     config = SleaConfig.model_validate({"run": {"id": "loadtest"}, "library": values})
-    library = Library(config.library, embedder)
+    library = Library(config.library, embedder, policy_tokenizer)
     library.admit([candidate("Open the fridge before looking inside it.", 0.9, observation="You arrive at fridge 1."),
                    candidate("Never put the sponge in the fridge.", 0.7, zone=WARNING, level="mistake",
                              observation="You arrive at fridge 1.")], {STRATEGY: 10, WARNING: 5})
