@@ -142,6 +142,7 @@ class LearnerConfig(_Section):
     checkpoint_every: int = Field(10, ge=1, description="Checkpoint every N learner steps (and on shutdown).")
     max_steps: int = Field(100, ge=1, description="Learner steps in the run.")
     num_ranks: int = Field(1, ge=1, description="Learner processes (data-parallel DeepSpeed ranks); rank 0 reads the stream.")
+    num_cpus: float = Field(1.0, gt=0, description="Ray CPUs for each learner rank (on CPU also its torch threads).")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs for each learner rank.")
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources pinning each learner rank.")
     weight_transport: Literal["object_store", "collective"] = Field("object_store", description="New weights reach vLLM engines via the Ray object store, or broadcast on a gloo/NCCL group per engine (transformers engines always use the object store).")

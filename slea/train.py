@@ -166,7 +166,7 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
     try:
         if config.library.enabled:
             library, library_run = _start_library(config, run_dir)
-        ranks = start_learner(config, num_cpus=1, num_gpus=config.learner.num_gpus,
+        ranks = start_learner(config, num_cpus=config.learner.num_cpus, num_gpus=config.learner.num_gpus,
                               resources=dict(config.learner.resources) or None)
         learner = ranks[0]  # the driver talks to rank 0; the other ranks follow it
         learner_runs = [rank.run.remote() for rank in ranks]
