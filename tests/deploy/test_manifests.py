@@ -19,7 +19,7 @@ from k8s_render import (K8S, OVERLAYS, REPO, custom_resources, entrypoint_config
 from slea.channels import LIBRARY_APP
 
 POOLS = {"actors": "actor_pool", "learner": "learner_pool", "library": "library_pool"}
-CORE_KINDS = {"ConfigMap", "NetworkPolicy", "Service", "StatefulSet"}
+CORE_KINDS = {"ConfigMap", "NetworkPolicy", "PersistentVolumeClaim", "Service", "StatefulSet"}
 RAY_KINDS = {"RayJob", "RayService"}
 
 
@@ -47,8 +47,8 @@ def strict(schema: dict) -> dict:
 def test_overlay_renders_the_whole_deployment(rendered, overlay):
     kinds = sorted((doc["kind"], re.sub(r"-[a-z0-9]{10}$", "", doc["metadata"]["name"])) for doc in rendered[overlay])
     assert [k for k in kinds if k[0] != "NetworkPolicy"] == [
-        ("ConfigMap", "slea-redis-config"), ("RayJob", "slea-train"), ("RayService", "slea-library"),
-        ("Service", "slea-redis"), ("StatefulSet", "slea-redis")]
+        ("ConfigMap", "slea-redis-config"), ("PersistentVolumeClaim", "slea-runs"), ("RayJob", "slea-train"),
+        ("RayService", "slea-library"), ("Service", "slea-redis"), ("StatefulSet", "slea-redis")]
     assert ("NetworkPolicy", "slea-default-deny") in kinds
     assert all(doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "slea-rl" for doc in rendered[overlay])
 
@@ -106,26 +106,30 @@ def test_each_component_is_pinned_to_its_own_pool(rendered, overlay):
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_actor_pool_size_is_one_number(rendered, overlay):
+def test_actor_pool_sizes_come_from_actor_pool_yaml(rendered, overlay):
+    """The run starts `workers` actor workers on as many pods; `slea scale` may grow the pool up
+    to `maxWorkers` pods (the autoscaler's ceiling) and shrink it to nothing but its own minimum."""
     config, overrides = entrypoint_config(find(rendered[overlay], "RayJob"))
     pool = yaml.safe_load((K8S / "overlays" / overlay / "actor-pool.yaml").read_text())
-    workers = int(pool["data"]["workers"])
+    workers, max_workers = int(pool["data"]["workers"]), int(pool["data"]["maxWorkers"])
     actors = ray_pod_groups(find(rendered[overlay], "RayJob")["spec"]["rayClusterSpec"])["actors"]
-    assert config.actors.num_workers == actors["replicas"] == actors["maxReplicas"] == workers
+    assert config.actors.num_workers == actors["replicas"] == workers
+    assert actors["maxReplicas"] == max_workers > workers, "no room to scale the actor pool up"
+    assert actors["minReplicas"] == 0, "the autoscaler must be free to remove every actor pod the pool stops using"
     assert overrides[-1] == f"actors.num_workers={workers}"
-    assert 1 <= actors["minReplicas"] <= workers
     assert "slea-actor-pool" not in {doc["metadata"]["name"] for doc in rendered[overlay]}, "local-config is not deployed"
 
 
-def test_changing_the_pool_size_changes_everything(tmp_path):
+def test_changing_the_pool_sizes_changes_everything(tmp_path):
     copied = tmp_path / "k8s"
     shutil.copytree(K8S, copied)
     pool_file = copied / "overlays" / "cpu-kind" / "actor-pool.yaml"
-    pool_file.write_text(re.sub(r'workers: "\d+"', 'workers: "5"', pool_file.read_text()))
+    text = re.sub(r'workers: "\d+"', 'workers: "5"', pool_file.read_text())
+    pool_file.write_text(re.sub(r'maxWorkers: "\d+"', 'maxWorkers: "9"', text))
     manifests = kustomize(copied / "overlays" / "cpu-kind")
     config, _ = entrypoint_config(find(manifests, "RayJob"))
     actors = ray_pod_groups(find(manifests, "RayJob")["spec"]["rayClusterSpec"])["actors"]
-    assert config.actors.num_workers == actors["replicas"] == actors["maxReplicas"] == 5
+    assert config.actors.num_workers == actors["replicas"] == 5 and actors["maxReplicas"] == 9
 
 
 def _gpus(group: dict) -> int:
@@ -229,7 +233,9 @@ def test_ray_pods_expose_what_monitoring_and_serve_expect(rendered, overlay):
             assert ports[endpoint["port"]] == int(group["rayStartParams"]["metrics-export-port"]), f"{where} {name}"
             label = re.sub(r"[^a-zA-Z0-9_]", "_", "slea.io/run")
             assert run_label == f"__meta_kubernetes_pod_label_{label}"
-            assert template["metadata"]["labels"]["slea.io/run"] == config.run.id, f"{where} {name}: run label"
+            # the label is known when the manifest is written, the run id only at submission:
+            # pods carry the deployment's run-id prefix (one RayJob submission runs at a time)
+            assert config.run.id.startswith(template["metadata"]["labels"]["slea.io/run"] + "-"), f"{where} {name}: run label"
             assert template["spec"]["securityContext"]["runAsNonRoot"] is True
             if name in ("head", "library"):
                 assert ports["serve"] == config.library.http_port

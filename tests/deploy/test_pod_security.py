@@ -6,25 +6,9 @@ through checkov)."""
 from __future__ import annotations
 
 import pytest
-from k8s_render import OVERLAYS, ray_cluster_specs, ray_pod_groups
+from k8s_render import OVERLAYS, pods, ray_cluster_specs, ray_pod_groups
 
 HEAD_GROUPS = {"head"}  # the autoscaler sidecar runs here and needs the token
-
-
-def pods(manifests: list[dict]) -> dict[str, dict]:
-    """'<kind>/<name>/<group>' -> pod spec, for every pod template in the manifests."""
-    found = {}
-    for doc in manifests:
-        name = f"{doc['kind']}/{doc['metadata']['name']}"
-        if doc["kind"] == "StatefulSet":
-            found[name] = doc["spec"]["template"]["spec"]
-        elif doc["kind"] in ("RayJob", "RayService"):
-            (cluster,) = ray_cluster_specs([doc]).values()
-            for group, spec in ray_pod_groups(cluster).items():
-                found[f"{name}/{group}"] = spec["template"]["spec"]
-            if "submitterPodTemplate" in doc["spec"]:
-                found[f"{name}/submitter"] = doc["spec"]["submitterPodTemplate"]["spec"]
-    return found
 
 
 def restricted_problems(where: str, container: dict, pod_security: dict) -> list[str]:

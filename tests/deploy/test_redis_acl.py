@@ -14,13 +14,14 @@ import urllib.request
 
 import pytest
 import redis
-from k8s_render import K8S, find, kustomize
+from k8s_render import K8S, entrypoint_config, find, kustomize
 from prometheus_client.parser import text_string_to_metric_families
 
 from library.sync import deltas_key, epoch_key, snapshot_key
 from slea.channels import inflight_key, sync_claims_key
 from slea.config import RedisConfig
 from slea.ports import free_port
+from slea.records import StepRecord
 from slea.redis_conn import connect
 from slea.stream_admin import group_stats, trim_acknowledged
 from slea.streams import PAYLOAD_FIELD, StreamConsumer, StreamProducer
@@ -92,7 +93,6 @@ def test_the_default_user_is_off(shipped_redis):
 def test_the_system_user_does_what_the_system_does(shipped_redis):
     client = connect(shipped_redis["system"])
     stream, dead = "slea:cluster:steps", "slea:cluster:dead"
-    from slea.records import StepRecord
 
     records = [StepRecord("cluster", "t", "pick", "alfworld", "g", "e", step, "obs") for step in range(4)]
     StreamProducer(client, stream).send(records)
@@ -119,6 +119,18 @@ def test_the_system_user_does_what_the_system_does(shipped_redis):
     assert client.hgetall(inflight_key("cluster", 0)) == {b"episode": b"x"}
     client.hdel(inflight_key("cluster", 0), "episode")
     assert client.hincrby(sync_claims_key("cluster"), "3", 1) == 1
+
+
+def test_the_system_user_reaches_the_keys_of_a_submitted_run(shipped_redis):
+    """Each RayJob submission has its own run id (cluster-<UTC time>): the ACL must let the system
+    use that run's keys, not only those of configs/cluster.yaml's `cluster`."""
+    rayjob = find(kustomize(K8S / "overlays" / "gpu"), "RayJob")
+    run_id = entrypoint_config(rayjob)[0].run.id
+    assert run_id != "cluster"
+    client = connect(shipped_redis["system"])
+    StreamProducer(client, f"slea:{run_id}:steps").send([StepRecord(run_id, "t", "pick", "alfworld", "g", "e", 0, "obs")])
+    client.set(epoch_key(run_id), b"1")
+    assert client.xlen(f"slea:{run_id}:steps") == 1 and client.get(epoch_key(run_id)) == b"1"
 
 
 @pytest.mark.parametrize("command", [("SET", "other:key", "x"), ("GET", "slea:otherrun:steps"), ("FLUSHALL",),

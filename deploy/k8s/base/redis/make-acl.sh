@@ -4,7 +4,8 @@
 # an environment variable or in a manifest; the ACL file holds SHA-256 hashes only.
 #   sh make-acl.sh SECRET_DIR OUT_DIR TEMPLATE
 # Users (users.acl.template): `default` off; `slea`, the system, limited to the run's keys
-# (slea:cluster:*, configs/cluster.yaml run.id) and the commands it sends; `exporter`
+# (slea:cluster*: run ids cluster-<UTC time> from the RayJob, configs/cluster.yaml's `cluster`)
+# and the commands it sends; `exporter`
 # (prometheus-redis-exporter) limited to INFO and friends, no keys.
 set -eu
 secret_dir=$1
