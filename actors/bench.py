@@ -25,16 +25,32 @@ from slea.records import decode
 from slea.streams import PAYLOAD_FIELD
 
 
-def bench_actors(groups: int = 2, group_size: int = 4, max_new_tokens: int = 32, model: str = "smollm2-135m-instruct",
-                 env: str = "alfworld") -> dict:
-    config = load_config(None, [
-        "run.id=bench-actors", f"model.name={model}", f"model.max_new_tokens={max_new_tokens}", f"envs.name={env}",
-        "envs.params.difficulty=easy", "envs.budgets=[4]", "envs.panel_size=4", f"actors.group_size={group_size}",
-        f"actors.envs_per_worker={group_size}", "actors.retrieval_mode=none",
-    ])
+def bench_actors(
+    groups: int = 2,
+    group_size: int = 4,
+    max_new_tokens: int = 32,
+    model: str = "smollm2-135m-instruct",
+    env: str = "alfworld",
+) -> dict:
+    config = load_config(
+        None,
+        [
+            "run.id=bench-actors",
+            f"model.name={model}",
+            f"model.max_new_tokens={max_new_tokens}",
+            f"envs.name={env}",
+            "envs.params.difficulty=easy",
+            "envs.budgets=[4]",
+            "envs.panel_size=4",
+            f"actors.group_size={group_size}",
+            f"actors.envs_per_worker={group_size}",
+            "actors.retrieval_mode=none",
+        ],
+    )
     policy, tokenizer = load_model(config.model.name, config.model.dtype)
-    sampling = SamplingSettings(temperature=config.model.temperature, top_p=config.model.top_p,
-                                max_new_tokens=config.model.max_new_tokens)
+    sampling = SamplingSettings(
+        temperature=config.model.temperature, top_p=config.model.top_p, max_new_tokens=config.model.max_new_tokens
+    )
     engine = TransformersEngine(policy, tokenizer, sampling, max_batch=group_size)
     with EmbeddedRedis(appendonly=False) as server:
         client = redis.Redis.from_url(server.url)
@@ -44,8 +60,11 @@ def bench_actors(groups: int = 2, group_size: int = 4, max_new_tokens: int = 32,
         wall = time.perf_counter() - started
         prompts = [list(decode(fields[PAYLOAD_FIELD]).prompt_ids) for _id, fields in client.xrange(config.stream_key())]
     raw_started = time.perf_counter()
-    raw_tokens = sum(len(g.response_ids) for start in range(0, len(prompts), group_size)
-                     for g in engine.generate_batch(prompts[start : start + group_size]))
+    raw_tokens = sum(
+        len(g.response_ids)
+        for start in range(0, len(prompts), group_size)
+        for g in engine.generate_batch(prompts[start : start + group_size])
+    )
     raw_wall = time.perf_counter() - raw_started
     timers = stats.timers
     return {

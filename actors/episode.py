@@ -88,11 +88,14 @@ async def play_episode(
             retrieved_now = True
         tick = time.perf_counter()
         shown = retrieved if spec.with_experience else Retrieved()  # the B half retrieves for its cluster and teacher
-        prompt_ids, injected = builder.build(history, observation.text, observation.admissible_actions,
-                                             shown.experiences)
+        prompt_ids, injected = builder.build(
+            history, observation.text, observation.admissible_actions, shown.experiences
+        )
         teacher_ids = []
         if spec.teacher_prompt and retrieved.experiences:
-            teacher_ids, _ = builder.build(history, observation.text, observation.admissible_actions, retrieved.experiences)
+            teacher_ids, _ = builder.build(
+                history, observation.text, observation.admissible_actions, retrieved.experiences
+            )
         generate_started = time.perf_counter()
         timers.overhead_s += generate_started - tick
         generation = await engine.generate(prompt_ids)
@@ -127,14 +130,37 @@ async def play_episode(
     return result
 
 
-def _step_record(spec: EpisodeSpec, step: int, anchor_obs: str, generation, action: str | None, outcome, done: bool,
-                 retrieved: Retrieved, injected: list[Experience]) -> StepRecord:
+def _step_record(
+    spec: EpisodeSpec,
+    step: int,
+    anchor_obs: str,
+    generation,
+    action: str | None,
+    outcome,
+    done: bool,
+    retrieved: Retrieved,
+    injected: list[Experience],
+) -> StepRecord:
     return StepRecord(
-        run_id=spec.run_id, task_id=spec.task.task_id, task_type=spec.task.task_type, env_name=spec.task.env_name,
-        group_id=spec.group_id, episode_id=spec.episode_id, step=step, anchor_obs=anchor_obs,
-        prompt_ids=np.asarray(generation.prompt_ids, dtype=np.int32), response_ids=generation.response_ids, response_logprobs=generation.logprobs,
-        action=action or "", action_valid=outcome.action_valid, reward=float(outcome.reward), done=done,
-        success=bool(outcome.won and outcome.done), policy_version=generation.policy_version,
-        library_version=retrieved.library_version, experience_ids=[e.experience_id for e in injected],
-        step_budget=spec.step_budget, with_experience=spec.with_experience,
+        run_id=spec.run_id,
+        task_id=spec.task.task_id,
+        task_type=spec.task.task_type,
+        env_name=spec.task.env_name,
+        group_id=spec.group_id,
+        episode_id=spec.episode_id,
+        step=step,
+        anchor_obs=anchor_obs,
+        prompt_ids=np.asarray(generation.prompt_ids, dtype=np.int32),
+        response_ids=generation.response_ids,
+        response_logprobs=generation.logprobs,
+        action=action or "",
+        action_valid=outcome.action_valid,
+        reward=float(outcome.reward),
+        done=done,
+        success=bool(outcome.won and outcome.done),
+        policy_version=generation.policy_version,
+        library_version=retrieved.library_version,
+        experience_ids=[e.experience_id for e in injected],
+        step_budget=spec.step_budget,
+        with_experience=spec.with_experience,
     )

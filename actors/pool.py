@@ -29,22 +29,37 @@ class ActorWorkerProcess:
         from slea.cpu_threads import use_assigned_cpus
         from slea.redis_conn import connect
 
-        use_assigned_cpus(phases_alternate=config["actors"]["synchronous"])  # synchronous: it plays while the learner waits
+        use_assigned_cpus(
+            phases_alternate=config["actors"]["synchronous"]
+        )  # synchronous: it plays while the learner waits
 
         self.config = SleaConfig.model_validate(config)
         cfg = self.config
         engine = make_engine(
-            cfg.actors.engine, cfg.model.name,
-            SamplingSettings(temperature=cfg.model.temperature, top_p=cfg.model.top_p, max_new_tokens=cfg.model.max_new_tokens),
-            dtype=cfg.model.dtype, max_batch=cfg.actors.envs_per_worker, engine_args=cfg.actors.engine_args,
+            cfg.actors.engine,
+            cfg.model.name,
+            SamplingSettings(
+                temperature=cfg.model.temperature, top_p=cfg.model.top_p, max_new_tokens=cfg.model.max_new_tokens
+            ),
+            dtype=cfg.model.dtype,
+            max_batch=cfg.actors.envs_per_worker,
+            engine_args=cfg.actors.engine_args,
         )
         retrieval = None
         if cfg.library.enabled and cfg.actors.retrieval_mode != "none":
-            retrieval = RetrievalClient(k_strategies=cfg.library.k_strategies, k_warnings=cfg.library.k_warnings,
-                                        max_tokens=cfg.library.max_tokens, timeout_s=cfg.actors.retrieval_timeout_s,
-                                        max_batch=max(cfg.actors.envs_per_worker, 1))
-        weights = WeightSubscriber(cfg.run.id, str(worker_index), transport=cfg.learner.weight_transport,
-                                   receiver=ray.get_runtime_context().current_actor)
+            retrieval = RetrievalClient(
+                k_strategies=cfg.library.k_strategies,
+                k_warnings=cfg.library.k_warnings,
+                max_tokens=cfg.library.max_tokens,
+                timeout_s=cfg.actors.retrieval_timeout_s,
+                max_batch=max(cfg.actors.envs_per_worker, 1),
+            )
+        weights = WeightSubscriber(
+            cfg.run.id,
+            str(worker_index),
+            transport=cfg.learner.weight_transport,
+            receiver=ray.get_runtime_context().current_actor,
+        )
         self.worker = ActorWorker(cfg, worker_index, connect(cfg.redis, redis_url), engine, retrieval, weights)
         self._run: asyncio.Task | None = None
 
@@ -107,7 +122,8 @@ class ActorPool:
             index = self._next_index
             self._next_index += 1
             self.workers[index] = ActorWorkerProcess.options(**self._options()).remote(
-                self.config.model_dump(mode="json"), index, self.redis_url)
+                self.config.model_dump(mode="json"), index, self.redis_url
+            )
         surplus = sorted(self.workers)[num_workers:]
         if surplus:
             ray.get([self.workers[index].stop.remote() for index in surplus])

@@ -15,7 +15,6 @@ re-tokenises text.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
 from typing import Literal
 
 from transformers import PreTrainedTokenizerBase
@@ -92,11 +91,16 @@ def experience_block(experiences: list[Experience]) -> str:
 
 def _instruction(task_text: str) -> str:
     text = task_text.strip()
-    return text[len(TASK_PREFIX):].strip() if text.startswith(TASK_PREFIX) else text
+    return text[len(TASK_PREFIX) :].strip() if text.startswith(TASK_PREFIX) else text
 
 
-def observation_text(history: TurnHistory, observation: str, admissible_actions: list[str], history_length: int,
-                     style: PromptStyle = "reasoning") -> str:
+def observation_text(
+    history: TurnHistory,
+    observation: str,
+    admissible_actions: list[str],
+    history_length: int,
+    style: PromptStyle = "reasoning",
+) -> str:
     if style == "compact":
         return compact_observation_text(history, observation, admissible_actions, history_length)
     steps_taken = len(history.actions)
@@ -111,32 +115,52 @@ def observation_text(history: TurnHistory, observation: str, admissible_actions:
         history_text = ""
     admissible = (
         f"Your admissible actions of the current situation are: [{', '.join(repr(a) for a in admissible_actions)}].\n"
-        if admissible_actions else ""
+        if admissible_actions
+        else ""
     )
     return OBSERVATION_TEMPLATE.format(
-        task=_instruction(history.task_text), steps_taken=steps_taken, history=history_text,
-        current_step=steps_taken + 1, observation=observation, admissible=admissible,
+        task=_instruction(history.task_text),
+        steps_taken=steps_taken,
+        history=history_text,
+        current_step=steps_taken + 1,
+        observation=observation,
+        admissible=admissible,
     )
 
 
-def compact_observation_text(history: TurnHistory, observation: str, admissible_actions: list[str],
-                             history_length: int) -> str:
+def compact_observation_text(
+    history: TurnHistory, observation: str, admissible_actions: list[str], history_length: int
+) -> str:
     steps_taken = len(history.actions)
     keep = min(history_length, steps_taken)
-    history_lines = "".join(
-        f"Step {steps_taken - keep + i + 1}: {obs}\nYou did: {act or '(no admissible action)'}\n"
-        for i, (obs, act) in enumerate(zip(history.observations[-keep:], history.actions[-keep:]))
-    ) if keep else ""
-    admissible = "Admissible actions:\n" + "".join(f"{action}\n" for action in admissible_actions) if admissible_actions else ""
-    return COMPACT_TEMPLATE.format(task=_instruction(history.task_text), history=history_lines,
-                                   observation=observation, admissible=admissible)
+    history_lines = (
+        "".join(
+            f"Step {steps_taken - keep + i + 1}: {obs}\nYou did: {act or '(no admissible action)'}\n"
+            for i, (obs, act) in enumerate(zip(history.observations[-keep:], history.actions[-keep:]))
+        )
+        if keep
+        else ""
+    )
+    admissible = (
+        "Admissible actions:\n" + "".join(f"{action}\n" for action in admissible_actions) if admissible_actions else ""
+    )
+    return COMPACT_TEMPLATE.format(
+        task=_instruction(history.task_text), history=history_lines, observation=observation, admissible=admissible
+    )
 
 
 class PromptBuilder:
     """Builds the token ids of one step's prompt within a token budget."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, *, history_length: int = 2, max_prompt_tokens: int = 2048,
-                 max_experience_tokens: int = 200, style: PromptStyle = "reasoning"):
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        history_length: int = 2,
+        max_prompt_tokens: int = 2048,
+        max_experience_tokens: int = 200,
+        style: PromptStyle = "reasoning",
+    ):
         self.tokenizer = tokenizer
         self.history_length = history_length
         self.max_prompt_tokens = max_prompt_tokens
@@ -145,13 +169,20 @@ class PromptBuilder:
         # Text the prompt already opens the reply with: the generation continues it, so the action
         # parser reads `response_prefix + generated text`.
         self.response_prefix = COMPACT_RESPONSE_PREFIX if style == "compact" else ""
-        self._prefix_ids = tokenizer.encode(self.response_prefix, add_special_tokens=False) if self.response_prefix else []
+        self._prefix_ids = (
+            tokenizer.encode(self.response_prefix, add_special_tokens=False) if self.response_prefix else []
+        )
 
     @classmethod
-    def from_config(cls, tokenizer: PreTrainedTokenizerBase, config) -> "PromptBuilder":
+    def from_config(cls, tokenizer: PreTrainedTokenizerBase, config) -> PromptBuilder:
         """The builder a run's actors (and its evaluations) use: `config` is a SleaConfig."""
-        return cls(tokenizer, history_length=config.actors.history_length, max_prompt_tokens=config.model.max_prompt_tokens,
-                   max_experience_tokens=config.library.max_tokens, style=config.actors.prompt_style)
+        return cls(
+            tokenizer,
+            history_length=config.actors.history_length,
+            max_prompt_tokens=config.model.max_prompt_tokens,
+            max_experience_tokens=config.library.max_tokens,
+            style=config.actors.prompt_style,
+        )
 
     def fit_experiences(self, experiences: list[Experience]) -> list[Experience]:
         """Keep, in rank order, every experience whose line still fits the experience token budget
@@ -167,22 +198,27 @@ class PromptBuilder:
                 used += cost
         return kept
 
-    def build(self, history: TurnHistory, observation: str, admissible_actions: list[str],
-              experiences: list[Experience]) -> tuple[list[int], list[Experience]]:
+    def build(
+        self, history: TurnHistory, observation: str, admissible_actions: list[str], experiences: list[Experience]
+    ) -> tuple[list[int], list[Experience]]:
         """(prompt token ids, the experiences actually in it). History shrinks first when over budget."""
         experiences = self.fit_experiences(experiences)
         system = experience_block(experiences)
         for history_length in range(self.history_length, -1, -1):
             messages = [{"role": "system", "content": system}] if system else []
-            messages.append({"role": "user", "content": observation_text(history, observation, admissible_actions,
-                                                                         history_length, self.style)})
+            messages.append(
+                {
+                    "role": "user",
+                    "content": observation_text(history, observation, admissible_actions, history_length, self.style),
+                }
+            )
             ids = self._apply_template(messages) + self._prefix_ids
             if len(ids) <= self.max_prompt_tokens:
                 return ids, experiences
         # Even without history the prompt is too long (huge admissible lists): keep its head and
         # tail so the template's instructions and the generation prompt survive.
         head = self.max_prompt_tokens // 4
-        return ids[:head] + ids[len(ids) - (self.max_prompt_tokens - head):], experiences
+        return ids[:head] + ids[len(ids) - (self.max_prompt_tokens - head) :], experiences
 
     def _apply_template(self, messages: list[dict]) -> list[int]:
         encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)

@@ -48,8 +48,17 @@ class RetrievalQuery:
 
 
 class RetrievalClient:
-    def __init__(self, *, k_strategies: int, k_warnings: int, max_tokens: int, timeout_s: float,
-                 max_batch: int = 64, app_name: str = LIBRARY_APP, handle=None):
+    def __init__(
+        self,
+        *,
+        k_strategies: int,
+        k_warnings: int,
+        max_tokens: int,
+        timeout_s: float,
+        max_batch: int = 64,
+        app_name: str = LIBRARY_APP,
+        handle=None,
+    ):
         self.k_strategies, self.k_warnings, self.max_tokens = k_strategies, k_warnings, max_tokens
         self.timeout_s = timeout_s
         self.app_name = app_name
@@ -71,8 +80,11 @@ class RetrievalClient:
                 self._handle = serve.get_app_handle(self.app_name)
             except Exception as exc:  # not deployed (yet): retry later, meanwhile every step goes without
                 self._next_handle_try = time.monotonic() + HANDLE_RETRY_S
-                self._failures.warning("unavailable", f"library app '{self.app_name}' unavailable "
-                                       f"({_reason(exc)[1]}); steps go ahead without experiences")
+                self._failures.warning(
+                    "unavailable",
+                    f"library app '{self.app_name}' unavailable "
+                    f"({_reason(exc)[1]}); steps go ahead without experiences",
+                )
         return self._handle
 
     async def _retrieve_batch(self, queries: list[RetrievalQuery]) -> list[Retrieved]:
@@ -81,8 +93,11 @@ class RetrievalClient:
         results, outcome = None, "unavailable"
         if handle is not None:
             request = {
-                "observations": [q.observation for q in queries], "task_types": [q.task_type for q in queries],
-                "k_strategies": self.k_strategies, "k_warnings": self.k_warnings, "max_tokens": self.max_tokens,
+                "observations": [q.observation for q in queries],
+                "task_types": [q.task_type for q in queries],
+                "k_strategies": self.k_strategies,
+                "k_warnings": self.k_warnings,
+                "max_tokens": self.max_tokens,
                 "mode": queries[0].mode,
             }
             try:
@@ -93,8 +108,10 @@ class RetrievalClient:
             except Exception as exc:  # replica raised or died, malformed answer: go ahead without experiences
                 outcome = "error"
                 kind, reason = _reason(exc)
-                self._failures.warning(f"error:{kind}", f"library retrieval failed ({reason}); "
-                                       f"{len(queries)} step(s) went ahead without experiences")
+                self._failures.warning(
+                    f"error:{kind}",
+                    f"library retrieval failed ({reason}); {len(queries)} step(s) went ahead without experiences",
+                )
         elapsed = time.perf_counter() - started
         self.busy_s += elapsed
         metric("actor_retrieval_seconds").observe(elapsed)
@@ -119,8 +136,12 @@ def _parse(answers, expected: int) -> list[Retrieved]:
         raise ValueError(f"retrieve_batch answered {got} for {expected} observations")
     return [
         Retrieved(
-            experiences=[Experience(item["experience_id"], item["zone"], item["text"]) for item in answer["experiences"]],
-            library_version=int(answer["library_version"]), hit=True, cluster_id=answer.get("cluster_id") or "",
+            experiences=[
+                Experience(item["experience_id"], item["zone"], item["text"]) for item in answer["experiences"]
+            ],
+            library_version=int(answer["library_version"]),
+            hit=True,
+            cluster_id=answer.get("cluster_id") or "",
         )
         for answer in answers
     ]

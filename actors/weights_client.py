@@ -30,8 +30,14 @@ log = logging.getLogger(__name__)
 
 
 class WeightSubscriber:
-    def __init__(self, run_id: str, worker_label: str = "0", poll_interval_s: float = 0.5,
-                 transport: str = "object_store", receiver=None):
+    def __init__(
+        self,
+        run_id: str,
+        worker_label: str = "0",
+        poll_interval_s: float = 0.5,
+        transport: str = "object_store",
+        receiver=None,
+    ):
         self.run_id = run_id
         self.transport = transport
         self.receiver = receiver  # Ray handle of the actor worker the learner pushes to (collective)
@@ -66,8 +72,9 @@ class WeightSubscriber:
         try:
             self.learner_version = max(self.learner_version, await registry.latest_version.remote())
             if self.receives_broadcast(engine):  # idempotent: registers again after the learner dropped it
-                await registry.register_receiver.remote(self.worker_label, self.incarnation, self.receiver,
-                                                        engine.weight_group_size)
+                await registry.register_receiver.remote(
+                    self.worker_label, self.incarnation, self.receiver, engine.weight_group_size
+                )
                 return False
             latest = await registry.get_latest.remote(self.current_version(engine) + 1)
         except ray.exceptions.RayActorError:  # registry restarting: find it again next time
@@ -83,8 +90,12 @@ class WeightSubscriber:
             engine.update_weights(state_dict, version)
         except ValueError as exc:  # names do not match the engine's model: nothing was loaded
             self._refused_version = version
-            log.error("weights of version %d refused, still generating with version %d: %s",
-                      version, engine.policy_version, exc)
+            log.error(
+                "weights of version %d refused, still generating with version %d: %s",
+                version,
+                engine.policy_version,
+                exc,
+            )
             return False
         self._staged_version = version
         metric("actor_weight_updates_total").labels(worker=self.worker_label).inc()

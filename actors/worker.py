@@ -51,33 +51,57 @@ class WorkerStats:
     successes: int = 0
     abandoned_marked: int = 0  # markers written for a previous incarnation's or a stopped run's episodes
     throttled_s: float = 0.0
-    busy_s: float = 0.0  # wall seconds with at least one group in play (generation, env steps, prompts; `slea bench async`)
+    busy_s: float = (
+        0.0  # wall seconds with at least one group in play (generation, env steps, prompts; `slea bench async`)
+    )
     timers: StepTimers = field(default_factory=StepTimers)
 
 
 def abandon_marker(fields: dict, run_id: str) -> StepRecord:
     """The record that tells consumers an episode will never complete."""
-    return StepRecord(run_id=run_id, task_id=fields["task_id"], task_type=fields["task_type"], env_name=fields["env_name"],
-                      group_id=fields["group_id"], episode_id=fields["episode_id"], step=-1, anchor_obs="", done=True,
-                      abandoned=True)
+    return StepRecord(
+        run_id=run_id,
+        task_id=fields["task_id"],
+        task_type=fields["task_type"],
+        env_name=fields["env_name"],
+        group_id=fields["group_id"],
+        episode_id=fields["episode_id"],
+        step=-1,
+        anchor_obs="",
+        done=True,
+        abandoned=True,
+    )
 
 
 def training_tasks(env: TextEnv, config: SleaConfig, seed: int) -> TaskSampler:
     """The worker's training tasks: every task an evaluation of this run plays is held out."""
-    return TaskSampler(env, seed=seed, held_out=panel_tasks(env, config.envs.eval_panel, size=config.held_out_panel_size()))
+    return TaskSampler(
+        env, seed=seed, held_out=panel_tasks(env, config.envs.eval_panel, size=config.held_out_panel_size())
+    )
 
 
 class ActorWorker:
-    def __init__(self, config: SleaConfig, worker_index: int, client: redis.Redis, engine: GenerationEngine,
-                 retrieval: RetrievalClient | None = None, weights=None):
+    def __init__(
+        self,
+        config: SleaConfig,
+        worker_index: int,
+        client: redis.Redis,
+        engine: GenerationEngine,
+        retrieval: RetrievalClient | None = None,
+        weights=None,
+    ):
         self.config = config
         self.worker_index = worker_index
         self.client = client
         self.engine = engine
         self.retrieval = retrieval
         self.weights = weights  # a WeightSubscriber, or None (weights never change)
-        self.producer = StreamProducer(client, config.stream_key(), batch_size=config.redis.batch_size,
-                                       reconnect_max_s=config.redis.reconnect_max_s)
+        self.producer = StreamProducer(
+            client,
+            config.stream_key(),
+            batch_size=config.redis.batch_size,
+            reconnect_max_s=config.redis.reconnect_max_s,
+        )
         self.builder = PromptBuilder.from_config(engine.tokenizer, config)
         self.stats = WorkerStats()
         self._rng = random.Random(config.run.seed * 1_000_003 + worker_index)
@@ -120,8 +144,19 @@ class ActorWorker:
             # has one cluster key in both halves) and, under EDGE distillation, for its teacher prompt.
             hidden_retrieval = retrieving and not with_experience
             teacher_prompt = hidden_retrieval and self.config.learner.edge_distill_coef > 0
-            specs.append(EpisodeSpec(self.config.run.id, task, group_id, f"{group_id}-{index}", budget, with_experience,
-                                     actors.retrieval_mode, teacher_prompt, hidden_retrieval))
+            specs.append(
+                EpisodeSpec(
+                    self.config.run.id,
+                    task,
+                    group_id,
+                    f"{group_id}-{index}",
+                    budget,
+                    with_experience,
+                    actors.retrieval_mode,
+                    teacher_prompt,
+                    hidden_retrieval,
+                )
+            )
         return specs
 
     def _envs_max_steps(self) -> int:
@@ -138,12 +173,19 @@ class ActorWorker:
             self.client.hdel(self._inflight_key, *listed.keys())
         self.stats.abandoned_marked += len(markers)
         for marker in markers:
-            metric("actor_episodes_total").labels(env=marker.env_name, task_type=marker.task_type, outcome="abandoned").inc()
+            metric("actor_episodes_total").labels(
+                env=marker.env_name, task_type=marker.task_type, outcome="abandoned"
+            ).inc()
         return len(markers)
 
     def _list_inflight(self, spec: EpisodeSpec) -> None:
-        fields = {"task_id": spec.task.task_id, "task_type": spec.task.task_type, "env_name": spec.task.env_name,
-                  "group_id": spec.group_id, "episode_id": spec.episode_id}
+        fields = {
+            "task_id": spec.task.task_id,
+            "task_type": spec.task.task_type,
+            "env_name": spec.task.env_name,
+            "group_id": spec.group_id,
+            "episode_id": spec.episode_id,
+        }
         self.client.hset(self._inflight_key, spec.episode_id, msgpack.packb(fields))
 
     # -- the run loop -----------------------------------------------------------------------------
@@ -211,8 +253,9 @@ class ActorWorker:
         async with slots:
             env = self._borrow_env()
             try:
-                result = await play_episode(spec, env, self.engine, self.builder, self.retrieval, self._outbox.append,
-                                            self.stats.timers)
+                result = await play_episode(
+                    spec, env, self.engine, self.builder, self.retrieval, self._outbox.append, self.stats.timers
+                )
             finally:
                 self._envs.append(env)
         self._flush()  # the episode's last step is in the stream before it leaves the in-flight list
@@ -239,7 +282,9 @@ class ActorWorker:
             started = time.perf_counter()
             self.producer.send(batch)
             self.stats.timers.overhead_s += time.perf_counter() - started
-            metric("actor_generated_tokens_total").labels(worker=self._label).inc(sum(len(r.response_ids) for r in batch))
+            metric("actor_generated_tokens_total").labels(worker=self._label).inc(
+                sum(len(r.response_ids) for r in batch)
+            )
 
     async def _flush_loop(self) -> None:
         while True:
@@ -301,7 +346,11 @@ class ActorWorker:
 
     def summary(self) -> dict:
         timers = self.stats.timers
-        return {"worker": self.worker_index, "policy_version": self.engine.policy_version,
-                "retrieval_misses": self.retrieval.misses if self.retrieval is not None else 0,
-                **{k: v for k, v in vars(self.stats).items() if k != "timers"}, "busy_s": self.busy_seconds(),
-                "timers": vars(timers)}
+        return {
+            "worker": self.worker_index,
+            "policy_version": self.engine.policy_version,
+            "retrieval_misses": self.retrieval.misses if self.retrieval is not None else 0,
+            **{k: v for k, v in vars(self.stats).items() if k != "timers"},
+            "busy_s": self.busy_seconds(),
+            "timers": vars(timers),
+        }

@@ -14,8 +14,8 @@ back to earlier steps). Rows come in any order; the output is aligned with the i
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Hashable, Sequence
 
 import numpy as np
 
@@ -52,7 +52,9 @@ def _normalise(values: np.ndarray, codes: np.ndarray, count: int, with_std: bool
     return centred / (stds[codes] + eps)
 
 
-def discounted_returns(episode_codes: np.ndarray, step_indices: np.ndarray, rewards: np.ndarray, gamma: float) -> np.ndarray:
+def discounted_returns(
+    episode_codes: np.ndarray, step_indices: np.ndarray, rewards: np.ndarray, gamma: float
+) -> np.ndarray:
     """R_t = r_t + gamma * R_{t+1} within each episode, rows in any order (GiGPO Eq. 5)."""
     order = np.lexsort((step_indices, episode_codes))
     ordered_eps, ordered_steps = episode_codes[order], step_indices[order]
@@ -158,7 +160,16 @@ def step_level_advantages(
     what the paper writes). omega=0 is plain GRPO.
     """
     parts = advantage_parts(
-        group_ids, episode_ids, step_indices, anchors, rewards, invalid,
-        gamma=gamma, mode=mode, episode_stats=episode_stats, invalid_penalty=invalid_penalty, eps=eps,
+        group_ids,
+        episode_ids,
+        step_indices,
+        anchors,
+        rewards,
+        invalid,
+        gamma=gamma,
+        mode=mode,
+        episode_stats=episode_stats,
+        invalid_penalty=invalid_penalty,
+        eps=eps,
     )
     return parts.episode + omega * parts.step

@@ -96,14 +96,14 @@ def collate(samples: list[TrainSample], pad_id: int, device: torch.device | str 
     behaviour = np.zeros((rows, width), dtype=np.float32)
     for row, sample in enumerate(samples):
         tokens = np.concatenate([sample.prompt_ids, sample.response_ids])
-        input_ids[row, total - len(tokens):] = tokens
-        attention_mask[row, total - len(tokens):] = 1
-        position_ids[row, total - len(tokens):] = np.arange(len(tokens))
+        input_ids[row, total - len(tokens) :] = tokens
+        attention_mask[row, total - len(tokens) :] = 1
+        position_ids[row, total - len(tokens) :] = np.arange(len(tokens))
         length = len(sample.response_ids)
         if length:
-            response_ids[row, width - length:] = sample.response_ids
-            response_mask[row, width - length:] = 1.0
-            behaviour[row, width - length:] = sample.behaviour_logprobs
+            response_ids[row, width - length :] = sample.response_ids
+            response_mask[row, width - length :] = 1.0
+            behaviour[row, width - length :] = sample.behaviour_logprobs
     as_tensor = lambda array: torch.from_numpy(array).to(device)  # noqa: E731
     return MicroBatch(
         input_ids=as_tensor(input_ids),

@@ -45,7 +45,7 @@ class StepMemory:
         while not self._stop.wait(self.interval_s):
             self.peak_bytes = max(self.peak_bytes, self._rss() - base)
 
-    def __enter__(self) -> "StepMemory":
+    def __enter__(self) -> StepMemory:
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
             self._base = torch.cuda.memory_allocated()
@@ -72,7 +72,9 @@ def resident_bytes(model: torch.nn.Module, optimizer) -> int:
     return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
 
 
-def synthetic_samples(batch_size: int, prompt_tokens: int, response_tokens: int, vocab: int, seed: int = 0) -> list[TrainSample]:
+def synthetic_samples(
+    batch_size: int, prompt_tokens: int, response_tokens: int, vocab: int, seed: int = 0
+) -> list[TrainSample]:
     """Random token samples with mixed-sign advantages (what the model sees does not change the cost)."""
     rng = np.random.default_rng(seed)
     return [
@@ -87,8 +89,9 @@ def synthetic_samples(batch_size: int, prompt_tokens: int, response_tokens: int,
     ]
 
 
-def torch_step(model, reference, optimizer, samples: list[TrainSample], cfg: LearnerConfig, pad_id: int, device,
-               seed: int) -> None:
+def torch_step(
+    model, reference, optimizer, samples: list[TrainSample], cfg: LearnerConfig, pad_id: int, device, seed: int
+) -> None:
     """The same update as PolicyTrainer.train_step, written as a plain PyTorch loop: score every
     micro-batch with the weights before the first update (proximal, reference), then one
     optimizer step per mini-batch in the schedule's order."""
@@ -101,7 +104,11 @@ def torch_step(model, reference, optimizer, samples: list[TrainSample], cfg: Lea
             for indices in plan_micro_batches([samples[i].length for i in rows], cfg.micro_batch_tokens):
                 batch = collate([samples[rows[i]] for i in indices], pad_id, device)
                 proximal = gather_logprobs(response_logits(model, batch), batch.response_ids)
-                ref = gather_logprobs(response_logits(reference, batch), batch.response_ids) if reference is not None else None
+                ref = (
+                    gather_logprobs(response_logits(reference, batch), batch.response_ids)
+                    if reference is not None
+                    else None
+                )
                 micro.append((batch, proximal, ref))
             scored.append(micro)
     for index in steps:
@@ -109,10 +116,18 @@ def torch_step(model, reference, optimizer, samples: list[TrainSample], cfg: Lea
         for batch, proximal, ref_logprobs in scored[index]:
             logits = response_logits(model, batch)
             terms = ppo_loss(
-                gather_logprobs(logits, batch.response_ids), proximal, batch.behaviour_logprobs, batch.advantages,
-                batch.response_mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high, behav_weight_cap=cfg.behav_weight_cap,
-                ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef,
-                entropy=token_entropy(logits) if cfg.entropy_coef > 0 else None, entropy_coef=cfg.entropy_coef,
+                gather_logprobs(logits, batch.response_ids),
+                proximal,
+                batch.behaviour_logprobs,
+                batch.advantages,
+                batch.response_mask,
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                behav_weight_cap=cfg.behav_weight_cap,
+                ref_logprobs=ref_logprobs,
+                kl_coef=cfg.kl_coef,
+                entropy=token_entropy(logits) if cfg.entropy_coef > 0 else None,
+                entropy_coef=cfg.entropy_coef,
                 total_tokens=total_response,
             )
             terms.loss.backward()

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from slea.records import StepRecord
 
 # -- the gain gate ---------------------------------------------------------------------------------
 
@@ -106,7 +107,9 @@ def edge_metrics(selection: EdgeSelection, groups: int) -> dict:
 # -- the distillation signal -------------------------------------------------------------------------
 
 
-def distill_log_ratio(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def distill_log_ratio(
+    student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """d_t = log pi_student(y_t) - log pi_teacher(y_t) on distilled tokens, 0 elsewhere; detached, [B, T].
 
     Its mean over distilled tokens estimates KL(student || teacher) (the sampled reverse KL)."""

@@ -30,7 +30,6 @@ import time
 from dataclasses import dataclass
 
 import deepspeed
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -135,7 +134,9 @@ LOSS_TERMS = ("loss", "pg_loss", "kl", "entropy", "clip_fraction", "approx_kl", 
 class PolicyTrainer:
     """A causal LM inside a DeepSpeed engine, plus the frozen reference for the KL term."""
 
-    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, pad_id: int, temperature: float = 1.0, seed: int = 0):
+    def __init__(
+        self, model: torch.nn.Module, cfg: LearnerConfig, pad_id: int, temperature: float = 1.0, seed: int = 0
+    ):
         self.cfg = cfg
         self.pad_id = pad_id
         self.temperature = temperature  # the actors' sampling temperature: log-probs are of pi_T, as sampled
@@ -148,10 +149,14 @@ class PolicyTrainer:
             torch.cuda.set_device(self.device)
         model.config.use_cache = False
         # The reference is the policy as loaded: frozen, never stepped, inference only.
-        self.reference = _frozen_copy(model, self.device, torch.bfloat16 if on_gpu else None) if cfg.kl_coef > 0 else None
+        self.reference = (
+            _frozen_copy(model, self.device, torch.bfloat16 if on_gpu else None) if cfg.kl_coef > 0 else None
+        )
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0, fused=on_gpu)
         warmup = cfg.warmup_steps
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model,
             optimizer=optimizer,
@@ -166,8 +171,9 @@ class PolicyTrainer:
     def train_step(self, samples: list[TrainSample]) -> StepStats:
         """PPO on one learner batch (every rank passes the same list): score, then mini-batch updates."""
         start = time.perf_counter()
-        mini_batches, steps = ppo_schedule(len(samples), self.cfg.mini_batches, self.cfg.ppo_epochs,
-                                           self.seed + self.batches_trained)
+        mini_batches, steps = ppo_schedule(
+            len(samples), self.cfg.mini_batches, self.cfg.ppo_epochs, self.seed + self.batches_trained
+        )
         self.batches_trained += 1
         # Same decision on every rank (same samples): under ZeRO-3 the teacher forward is a collective too.
         distilling = self.cfg.edge_distill_coef > 0 and any(len(sample.teacher_prompt_ids) for sample in samples)
@@ -214,10 +220,14 @@ class PolicyTrainer:
             proximal = gather_logprobs(response_logits(self.engine, batch, self.temperature), batch.response_ids)
             reference = teacher = distilled_rows = None
             if self.reference is not None:
-                reference = gather_logprobs(response_logits(self.reference, batch, self.temperature), batch.response_ids)
+                reference = gather_logprobs(
+                    response_logits(self.reference, batch, self.temperature), batch.response_ids
+                )
             if distilling:
                 teacher_batch, distilled_rows = _teacher_batch(chunk, self.pad_id, self.device)
-                teacher = gather_logprobs(response_logits(self.engine, teacher_batch, self.temperature), batch.response_ids)
+                teacher = gather_logprobs(
+                    response_logits(self.engine, teacher_batch, self.temperature), batch.response_ids
+                )
             scored.append(_Scored(batch, real, proximal, reference, teacher, distilled_rows))
         return scored
 
@@ -291,7 +301,7 @@ class PolicyTrainer:
         for sample in samples:
             batch = collate([sample], self.pad_id, self.device)
             values = gather_logprobs(response_logits(self.engine, batch, self.temperature), batch.response_ids)[0]
-            result.append(values[values.shape[0] - len(sample.response_ids):].cpu())
+            result.append(values[values.shape[0] - len(sample.response_ids) :].cpu())
         return result
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -309,7 +319,9 @@ def _teacher_batch(rows: list[TrainSample], pad_id: int, device: torch.device) -
     of the distillation), and a float [B] flag of the distilled rows. Responses are the same tokens,
     right-aligned in the same slots, so teacher and student log-probs line up position by position."""
     flags = [len(row.teacher_prompt_ids) > 0 for row in rows]
-    teacher_rows = [dataclasses.replace(row, prompt_ids=row.teacher_prompt_ids) if flag else row for row, flag in zip(rows, flags)]
+    teacher_rows = [
+        dataclasses.replace(row, prompt_ids=row.teacher_prompt_ids) if flag else row for row, flag in zip(rows, flags)
+    ]
     return collate(teacher_rows, pad_id, device), torch.tensor(flags, dtype=torch.float32, device=device)
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from slea.records import StepRecord
 from slea.streams import Delivery
@@ -53,7 +53,9 @@ class AssemblyCounters:
 class GroupAssembler:
     """Buffers steps by group and episode; see the module docstring for the rules."""
 
-    def __init__(self, group_size: int, timeout_s: float, max_staleness: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, group_size: int, timeout_s: float, max_staleness: int, clock: Callable[[], float] = time.monotonic
+    ):
         self.group_size = group_size
         self.timeout_s = timeout_s
         self.max_staleness = max_staleness
@@ -107,7 +109,11 @@ class GroupAssembler:
     def expire(self) -> list[str]:
         """Drop groups open longer than the timeout; returns their entry ids to acknowledge."""
         now = self.clock()
-        expired = [gid for gid, group in self._open.items() if gid not in self._ready and now - group.first_seen > self.timeout_s]
+        expired = [
+            gid
+            for gid, group in self._open.items()
+            if gid not in self._ready and now - group.first_seen > self.timeout_s
+        ]
         ack_now: list[str] = []
         for group_id in expired:
             ack_now += self._close(group_id, "timeout")
@@ -116,8 +122,10 @@ class GroupAssembler:
     def drop_stale(self, current_version: int) -> list[str]:
         """Drop ready groups holding a step more than `max_staleness` versions old; returns entry ids to ack."""
         stale = [
-            group_id for group_id in self._ready
-            if current_version - min(record.policy_version for record in self._open[group_id].steps.values()) > self.max_staleness
+            group_id
+            for group_id in self._ready
+            if current_version - min(record.policy_version for record in self._open[group_id].steps.values())
+            > self.max_staleness
         ]
         ack_now: list[str] = []
         for group_id in stale:

@@ -18,9 +18,9 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -57,15 +57,18 @@ class Learner:
         if model is None:
             model, tokenizer = load_model(cfg.model.name, cfg.model.dtype)
         self.tokenizer = tokenizer
-        self.trainer = PolicyTrainer(model, cfg.learner, pad_id=tokenizer.pad_token_id, temperature=cfg.model.temperature,
-                                     seed=cfg.run.seed)
+        self.trainer = PolicyTrainer(
+            model, cfg.learner, pad_id=tokenizer.pad_token_id, temperature=cfg.model.temperature, seed=cfg.run.seed
+        )
         self.ranks = RankChannel(self.trainer.rank, self.trainer.world_size)
         self.checkpoint_root = Path(cfg.run.dir) / cfg.run.id / "learner" / "checkpoints"
         self.trace_path = self.checkpoint_root.parent / "trained_groups.jsonl"
         self.stop_requested = threading.Event()
         start = None
         if self.ranks.leader:  # the other ranks never touch Redis or the weight registry (learner/ranks.py)
-            self.publisher = RayWeightPublisher(cfg.run.id, cfg.learner.weight_transport, cfg.learner.weight_push_timeout_s)
+            self.publisher = RayWeightPublisher(
+                cfg.run.id, cfg.learner.weight_transport, cfg.learner.weight_push_timeout_s
+            )
             client = redis_client if redis_client is not None else connect(cfg.redis)
             self.consumer = StreamConsumer(
                 client,
@@ -77,7 +80,9 @@ class Learner:
                 claim_idle_ms=cfg.redis.claim_idle_ms,  # never reclaims the entries it holds itself
                 reconnect_max_s=cfg.redis.reconnect_max_s,
             )
-            self.assembler = GroupAssembler(cfg.actors.group_size, cfg.learner.group_timeout_s, cfg.learner.max_staleness)
+            self.assembler = GroupAssembler(
+                cfg.actors.group_size, cfg.learner.group_timeout_s, cfg.learner.max_staleness
+            )
             self.unacked: list[str] = []  # entries used by updates not yet checkpointed
             start = (latest_checkpoint(self.checkpoint_root), self.publisher.latest_version())
         # Every rank resumes from the checkpoint rank 0 picked (each loads its own ZeRO partition and RNG).
@@ -169,8 +174,12 @@ class Learner:
         above the previous line's marks a restart from a checkpoint, which rolls back the later lines.
         """
         self.trace_path.parent.mkdir(parents=True, exist_ok=True)
-        line = {"learner_step": self.learner_step, "policy_version": self.version, "at": time.time(),
-                "group_ids": [group.group_id for group in groups]}
+        line = {
+            "learner_step": self.learner_step,
+            "policy_version": self.version,
+            "at": time.time(),
+            "group_ids": [group.group_id for group in groups],
+        }
         with self.trace_path.open("a") as trace:
             trace.write(json.dumps(line) + "\n")
 
@@ -184,7 +193,9 @@ class Learner:
             anchor_keys(records, cfg.anchor),
             [record.reward for record in records],
             [not record.action_valid for record in records],
-            gamma=cfg.gamma, mode=cfg.advantage_mode, episode_stats=cfg.episode_stats,
+            gamma=cfg.gamma,
+            mode=cfg.advantage_mode,
+            episode_stats=cfg.episode_stats,
             invalid_penalty=cfg.invalid_penalty,
         )
         advantages = parts.episode + cfg.omega * parts.step
@@ -195,8 +206,14 @@ class Learner:
             edge = select_teachers([group.records for group in groups], cfg.edge_gain_threshold, cfg.edge_gain_metric)
             teachers = edge.teacher_prompts
         samples = [
-            TrainSample(record.prompt_ids, record.response_ids, record.response_logprobs, float(advantage), record.policy_version,
-                        teacher)
+            TrainSample(
+                record.prompt_ids,
+                record.response_ids,
+                record.response_logprobs,
+                float(advantage),
+                record.policy_version,
+                teacher,
+            )
             for record, advantage, teacher in zip(records, advantages, teachers)
             if len(record.response_ids)  # a step without generated tokens has nothing to train
         ]

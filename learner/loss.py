@@ -29,7 +29,9 @@ class LossTerms:
     kl: torch.Tensor  # scalar, detached: k3 estimate of KL(current || reference) (0 without reference)
     entropy: torch.Tensor  # scalar, detached: mean token entropy (0 when not computed)
     clip_fraction: torch.Tensor  # scalar: share of tokens where the clipped branch was taken
-    approx_kl: torch.Tensor  # scalar: k3 estimate of KL(proximal || current), (r - 1) - log r with r = current / proximal
+    approx_kl: (
+        torch.Tensor
+    )  # scalar: k3 estimate of KL(proximal || current), (r - 1) - log r with r = current / proximal
     behav_masked_fraction: torch.Tensor  # scalar: share of tokens masked for w > behav_weight_cap
     behav_weight: torch.Tensor  # scalar: token mean of the behaviour->proximal weight (masked tokens count 0)
 

@@ -5,17 +5,30 @@ from __future__ import annotations
 from monitoring.metrics import metric
 
 _GAUGES = {
-    "policy_version": "learner_policy_version", "loss": "learner_loss", "pg_loss": "learner_pg_loss",
-    "kl": "learner_kl", "entropy": "learner_entropy", "clip_fraction": "learner_clip_fraction",
-    "approx_kl": "learner_approx_kl", "optimizer_steps": "learner_optimizer_steps_per_batch",
-    "grad_norm": "learner_grad_norm", "advantage_mean": "learner_advantage_mean",
-    "advantage_std": "learner_advantage_std", "tokens_per_s": "learner_tokens_per_second",
+    "policy_version": "learner_policy_version",
+    "loss": "learner_loss",
+    "pg_loss": "learner_pg_loss",
+    "kl": "learner_kl",
+    "entropy": "learner_entropy",
+    "clip_fraction": "learner_clip_fraction",
+    "approx_kl": "learner_approx_kl",
+    "optimizer_steps": "learner_optimizer_steps_per_batch",
+    "grad_norm": "learner_grad_norm",
+    "advantage_mean": "learner_advantage_mean",
+    "advantage_std": "learner_advantage_std",
+    "tokens_per_s": "learner_tokens_per_second",
 }
 _EDGE_GAUGES = {  # present only when EDGE distillation is on
-    "edge_kl": "learner_edge_kl", "edge_token_fraction": "learner_edge_token_fraction",
-    "edge_gated_fraction": "learner_edge_gated_fraction", "edge_gain_mean": "learner_edge_gain",
+    "edge_kl": "learner_edge_kl",
+    "edge_token_fraction": "learner_edge_token_fraction",
+    "edge_gated_fraction": "learner_edge_gated_fraction",
+    "edge_gain_mean": "learner_edge_gain",
 }
-_DROPPED = {"groups_dropped_incomplete": "timeout", "groups_dropped_abandoned": "abandoned", "groups_dropped_stale": "stale"}
+_DROPPED = {
+    "groups_dropped_incomplete": "timeout",
+    "groups_dropped_abandoned": "abandoned",
+    "groups_dropped_stale": "stale",
+}
 
 
 def export_step_metrics(metrics: dict) -> None:

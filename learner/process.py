@@ -43,8 +43,13 @@ class LearnerProcess:
         if self.world_size > 1:
             # The variables torchrun would set (learner/engine.py init_distributed). LOCAL_RANK is 0:
             # Ray shows each actor only its own GPUs (CUDA_VISIBLE_DEVICES).
-            os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
-                              MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+            os.environ.update(
+                RANK=str(self.rank),
+                WORLD_SIZE=str(self.world_size),
+                LOCAL_RANK="0",
+                MASTER_ADDR=master_addr,
+                MASTER_PORT=str(master_port),
+            )
         self.learner = Learner(SleaConfig.model_validate(self.config))
 
     def run(self) -> int:

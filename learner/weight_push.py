@@ -46,9 +46,17 @@ class _Link:
 class CollectiveWeightSender:
     """Learner rank 0: keeps every registered engine on the latest submitted version."""
 
-    def __init__(self, registry, *, timeout_s: float = 120.0, device: torch.device | str | None = None,
-                 host: str | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES, poll_s: float = 1.0,
-                 retry_after_s: float | None = None):
+    def __init__(
+        self,
+        registry,
+        *,
+        timeout_s: float = 120.0,
+        device: torch.device | str | None = None,
+        host: str | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        poll_s: float = 1.0,
+        retry_after_s: float | None = None,
+    ):
         self.registry = registry
         self.timeout_s = timeout_s
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -147,8 +147,11 @@ def utility_evidence(episodes: list[EpisodeOutcome]) -> dict[str, Evidence]:
             weighted[experience_id] = weighted.get(experience_id, 0.0) + gain * len(treated)
             compared[experience_id] = compared.get(experience_id, 0) + len(treated)
     return {
-        experience_id: Evidence(count, weighted[experience_id] / compared[experience_id] if experience_id in compared else None,
-                                compared.get(experience_id, 0))
+        experience_id: Evidence(
+            count,
+            weighted[experience_id] / compared[experience_id] if experience_id in compared else None,
+            compared.get(experience_id, 0),
+        )
         for experience_id, count in exposures.items()
     }
 

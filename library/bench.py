@@ -37,8 +37,10 @@ POOL = 256  # texts really embedded to make the library's vectors from
 
 
 def _observation(index: int) -> str:
-    return (f"You are in room {index // 40}. Looking around, you see cabinet {index % 40}, "
-            f"a countertop {index % 13} and a drawer {index % 29}; the light is {'on' if index % 2 else 'off'}.")
+    return (
+        f"You are in room {index // 40}. Looking around, you see cabinet {index % 40}, "
+        f"a countertop {index % 13} and a drawer {index % 29}; the light is {'on' if index % 2 else 'off'}."
+    )
 
 
 def _mixed_vectors(pool: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -47,24 +49,45 @@ def _mixed_vectors(pool: np.ndarray, count: int, rng: np.random.Generator) -> np
     return (mixed / np.linalg.norm(mixed, axis=1, keepdims=True)).astype(np.float32)
 
 
-def build_library(config: SleaConfig, embedder: Embedder, n_experiences: int, n_clusters: int, seed: int = 0) -> Library:
+def build_library(
+    config: SleaConfig, embedder: Embedder, n_experiences: int, n_clusters: int, seed: int = 0
+) -> Library:
     """Clusters c0..c{n-1}; experience i is indexed to clusters i//2 and i//2 + 1, even ids are
     strategies and odd ids warnings, so every cluster holds 2 of each (k=2/1 without fallback)."""
     rng = np.random.default_rng(seed)
     pool = embedder.embed([_observation(i * 7919) + f" pool {i}" for i in range(POOL)])
     library = Library(config.library, embedder)
     centroids = _mixed_vectors(pool, n_clusters, rng)
-    clusters = [Cluster(f"{TASK_TYPE}/c{c}", TASK_TYPE, library.task_clusters(TASK_TYPE).key_of(_observation(c)),
-                        _observation(c), centroids[c], visits=1) for c in range(n_clusters)]
+    clusters = [
+        Cluster(
+            f"{TASK_TYPE}/c{c}",
+            TASK_TYPE,
+            library.task_clusters(TASK_TYPE).key_of(_observation(c)),
+            _observation(c),
+            centroids[c],
+            visits=1,
+        )
+        for c in range(n_clusters)
+    ]
     vectors = _mixed_vectors(pool, n_experiences, rng)
     experiences = []
     for i in range(n_experiences):
         zone = STRATEGY if i % 2 == 0 else WARNING
         text = f"Lesson {i}: in room {(i // 2) // 40}, check cabinet {(i // 2) % 40} before the drawer."
-        experiences.append(Experience(
-            id=f"x{n_clusters + i}", zone=zone, level=LEVELS[zone][i % 3], task_type=TASK_TYPE, text=text, cue=text[:40],
-            clusters=[f"{TASK_TYPE}/c{(i // 2) % n_clusters}", f"{TASK_TYPE}/c{(i // 2 + 1) % n_clusters}"],
-            score=float(rng.random()), tokens=embedder.count_tokens(text), embedding=vectors[i]))
+        experiences.append(
+            Experience(
+                id=f"x{n_clusters + i}",
+                zone=zone,
+                level=LEVELS[zone][i % 3],
+                task_type=TASK_TYPE,
+                text=text,
+                cue=text[:40],
+                clusters=[f"{TASK_TYPE}/c{(i // 2) % n_clusters}", f"{TASK_TYPE}/c{(i // 2 + 1) % n_clusters}"],
+                score=float(rng.random()),
+                tokens=embedder.count_tokens(text),
+                embedding=vectors[i],
+            )
+        )
     header = {"version": 1, "learner_version": 0, "next_id": n_clusters + n_experiences, "counters": {}}
     library.load(header, clusters, experiences)
     return library
@@ -84,8 +107,15 @@ def _timed(call, batches: list[list[str]]) -> list[float]:
     return samples
 
 
-def bench_retrieval(n_experiences: int = 10_000, n_clusters: int = 5_000, batch_size: int = 32, batches: int = 200,
-                    redis_url: str | None = None, http_port: int = 8765, seed: int = 0) -> dict:
+def bench_retrieval(
+    n_experiences: int = 10_000,
+    n_clusters: int = 5_000,
+    batch_size: int = 32,
+    batches: int = 200,
+    redis_url: str | None = None,
+    http_port: int = 8765,
+    seed: int = 0,
+) -> dict:
     """Measure the three retrieval paths; starts Redis/Ray/Serve if needed and stops what it started."""
     import ray
     from ray import serve
@@ -95,19 +125,29 @@ def bench_retrieval(n_experiences: int = 10_000, n_clusters: int = 5_000, batch_
     from slea.redis_conn import connect
 
     level_capacity = n_experiences  # nothing in the benchmark library may be evicted
-    config = SleaConfig.model_validate({
-        "run": {"id": f"bench-retrieval-{os.getpid()}"},
-        "library": {"warmup_versions": 0, "warmup_experiences": 0, "max_clusters": max(n_clusters, 1),
-                    "strategy_capacity": dict.fromkeys(LEVELS[STRATEGY], level_capacity),
-                    "warning_capacity": dict.fromkeys(LEVELS[WARNING], level_capacity),
-                    "replicas": 1, "max_replicas": 1, "http_port": http_port},
-    })
+    config = SleaConfig.model_validate(
+        {
+            "run": {"id": f"bench-retrieval-{os.getpid()}"},
+            "library": {
+                "warmup_versions": 0,
+                "warmup_experiences": 0,
+                "max_clusters": max(n_clusters, 1),
+                "strategy_capacity": dict.fromkeys(LEVELS[STRATEGY], level_capacity),
+                "warning_capacity": dict.fromkeys(LEVELS[WARNING], level_capacity),
+                "replicas": 1,
+                "max_replicas": 1,
+                "http_port": http_port,
+            },
+        }
+    )
     embedder = Embedder(cache_size=config.library.embedding_cache_size)
     library = build_library(config, embedder, n_experiences, n_clusters, seed)
     picker = random.Random(seed)
     known = [[_observation(picker.randrange(n_clusters)) for _ in range(batch_size)] for _ in range(batches)]
-    unseen = [[f"A room never seen before, number {seed}-{b}-{i}: a shelf {i} and a sofa." for i in range(batch_size)]
-              for b in range(4)]
+    unseen = [
+        [f"A room never seen before, number {seed}-{b}-{i}: a shelf {i} and a sofa." for i in range(batch_size)]
+        for b in range(4)
+    ]
     task_types = [TASK_TYPE] * batch_size
 
     inproc = _timed(lambda batch: retrieve_batch(library, batch, task_types), known)
@@ -128,8 +168,9 @@ def bench_retrieval(n_experiences: int = 10_000, n_clusters: int = 5_000, batch_
         connection = http.client.HTTPConnection("127.0.0.1", http_port, timeout=30)
 
         def over_http(batch):
-            connection.request("POST", "/retrieve_batch", body=json.dumps(request(batch)),
-                               headers={"Content-Type": "application/json"})
+            connection.request(
+                "POST", "/retrieve_batch", body=json.dumps(request(batch)), headers={"Content-Type": "application/json"}
+            )
             response = connection.getresponse()
             body = response.read()
             if response.status != 200:
@@ -148,10 +189,18 @@ def bench_retrieval(n_experiences: int = 10_000, n_clusters: int = 5_000, batch_
     handle_p50, handle_p99 = _percentiles(via_handle)
     http_p50, http_p99 = _percentiles(via_http)
     return {
-        "experiences": n_experiences, "clusters": n_clusters, "batch_size": batch_size, "batches": batches,
-        "inproc_p50_ms": round(inproc_p50, 3), "inproc_p99_ms": round(inproc_p99, 3),
+        "experiences": n_experiences,
+        "clusters": n_clusters,
+        "batch_size": batch_size,
+        "batches": batches,
+        "inproc_p50_ms": round(inproc_p50, 3),
+        "inproc_p99_ms": round(inproc_p99, 3),
         "inproc_miss_p50_ms": round(_percentiles(miss)[0], 3),
-        "handle_p50_ms": round(handle_p50, 3), "handle_p99_ms": round(handle_p99, 3),
-        "http_p50_ms": round(http_p50, 3), "http_p99_ms": round(http_p99, 3),
-        "ratio": round(handle_p50 / inproc_p50, 2), "target_handle_p99_ms": 20.0, "meets_target": handle_p99 < 20.0,
+        "handle_p50_ms": round(handle_p50, 3),
+        "handle_p99_ms": round(handle_p99, 3),
+        "http_p50_ms": round(http_p50, 3),
+        "http_p99_ms": round(http_p99, 3),
+        "ratio": round(handle_p50 / inproc_p50, 2),
+        "target_handle_p99_ms": 20.0,
+        "meets_target": handle_p99 < 20.0,
     }

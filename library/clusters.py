@@ -32,8 +32,14 @@ class Cluster:
     visits: int = 0  # observations assigned to it (founding included)
 
     def to_json(self) -> dict:
-        return {"id": self.id, "task_type": self.task_type, "key": self.key, "representative": self.representative,
-                "visits": self.visits, "centroid": encode_vector(self.centroid)}
+        return {
+            "id": self.id,
+            "task_type": self.task_type,
+            "key": self.key,
+            "representative": self.representative,
+            "visits": self.visits,
+            "centroid": encode_vector(self.centroid),
+        }
 
     @classmethod
     def from_json(cls, record: dict) -> Cluster:
@@ -54,7 +60,9 @@ class TaskClusters:
         self._ids: dict[int, str] = {}  # hnswlib label -> cluster id
         self._next_label = 0
         self._index = hnswlib.Index(space="ip", dim=dim)  # unit vectors: inner product = cosine
-        self._index.init_index(max_elements=min(max_clusters, 1024), ef_construction=100, M=16, allow_replace_deleted=True)
+        self._index.init_index(
+            max_elements=min(max_clusters, 1024), ef_construction=100, M=16, allow_replace_deleted=True
+        )
         self._index.set_ef(64)
 
     def __len__(self) -> int:
@@ -80,7 +88,9 @@ class TaskClusters:
     def needs_embedding(self, observation: str) -> bool:
         return self.key_of(observation) not in self.by_key
 
-    def assign(self, observation: str, embedding: np.ndarray | None, new_id: str) -> tuple[Cluster, bool, list[Cluster]]:
+    def assign(
+        self, observation: str, embedding: np.ndarray | None, new_id: str
+    ) -> tuple[Cluster, bool, list[Cluster]]:
         """Put an observation in a cluster, founding one with `new_id` if none matches.
 
         Returns (cluster, founded, evicted clusters). A visit makes the cluster most recently used."""

@@ -53,8 +53,15 @@ class Window:
 class LibraryWriter:
     """Owns the authoritative Library of a run; see the module docstring."""
 
-    def __init__(self, config: SleaConfig, client: redis.Redis, run_dir: str | Path, library: Library, extractor,
-                 consumer_name: str = "library-0"):
+    def __init__(
+        self,
+        config: SleaConfig,
+        client: redis.Redis,
+        run_dir: str | Path,
+        library: Library,
+        extractor,
+        consumer_name: str = "library-0",
+    ):
         self.cfg = config.library
         self.run_dir = Path(run_dir)
         self.library = library
@@ -68,9 +75,16 @@ class LibraryWriter:
         self.snapshot_version = library.version
         self.publisher = Publisher(client, config.run.id, config.redis.reconnect_max_s)
         self.publisher.start(snapshot_text(library, list(self.durable)))
-        self.consumer = StreamConsumer(client, config.stream_key(), group=GROUP, consumer=consumer_name,
-                                       dead_letter_key=config.dead_letter_key(), max_deliveries=config.redis.max_deliveries,
-                                       claim_idle_ms=config.redis.claim_idle_ms, reconnect_max_s=config.redis.reconnect_max_s)
+        self.consumer = StreamConsumer(
+            client,
+            config.stream_key(),
+            group=GROUP,
+            consumer=consumer_name,
+            dead_letter_key=config.dead_letter_key(),
+            max_deliveries=config.redis.max_deliveries,
+            claim_idle_ms=config.redis.claim_idle_ms,
+            reconnect_max_s=config.redis.reconnect_max_s,
+        )
         self.read_count, self.block_ms = config.redis.read_count, config.redis.block_ms
         self.buffer = EpisodeBuffer()
         self.window = Window()
@@ -113,8 +127,11 @@ class LibraryWriter:
     def _add_to_window(self, episode: Episode) -> None:
         """A window holds the episodes of policy versions [start, start + window_versions): the
         first episode of a later version closes it, even within one read batch."""
-        if (self.cfg.window_seconds is None and self.window.episodes
-                and episode.policy_version - self.window.start_version >= self.cfg.window_versions):
+        if (
+            self.cfg.window_seconds is None
+            and self.window.episodes
+            and episode.policy_version - self.window.start_version >= self.cfg.window_versions
+        ):
             self.close_window()
         if self.window.start_version is None:
             self.window.start_version = episode.policy_version
@@ -125,8 +142,11 @@ class LibraryWriter:
 
     def _window_due(self) -> bool:
         """Time-based windows close on the clock (version-based ones close in _add_to_window)."""
-        return (self.cfg.window_seconds is not None and bool(self.window.episodes)
-                and time.monotonic() - self.window.started_at >= self.cfg.window_seconds)
+        return (
+            self.cfg.window_seconds is not None
+            and bool(self.window.episodes)
+            and time.monotonic() - self.window.started_at >= self.cfg.window_seconds
+        )
 
     def close_window(self) -> None:
         """Hand the current window to the worker (also called at shutdown for the last one)."""
@@ -196,7 +216,9 @@ class LibraryWriter:
         pruned = library.apply_utility(admission.utility_evidence(outcomes), usage)
         for episode in episodes:
             library.assign_observations(episode.task_type, [step.anchor_obs for step in episode.steps])
-        successes, failures = select_for_extraction(episodes, self.cfg.max_successes_per_window, self.cfg.max_failures_per_window)
+        successes, failures = select_for_extraction(
+            episodes, self.cfg.max_successes_per_window, self.cfg.max_failures_per_window
+        )
         candidates = []
         for episode in successes:
             candidates += self._extract(self.extractor.distil_success, episode, self._existing_strategies(episode), "B")
@@ -229,7 +251,9 @@ class LibraryWriter:
             metric("library_extraction_failures_total").labels(backend=self.extractor.name, reason="error").inc()
             return []
         finally:
-            metric("library_extraction_seconds").labels(backend=self.extractor.name).observe(time.perf_counter() - started)
+            metric("library_extraction_seconds").labels(backend=self.extractor.name).observe(
+                time.perf_counter() - started
+            )
 
     def _existing_strategies(self, episode: Episode) -> list[str]:
         """Strategies already indexed to the clusters this episode visited (context of Prompt B)."""
@@ -248,10 +272,14 @@ class LibraryWriter:
 
     def _count(self, report: AdmissionReport, pruned: list[Experience]) -> None:
         for experience_id in report.admitted:
-            zone = self.library.experiences[experience_id].zone if experience_id in self.library.experiences else "unknown"
+            zone = (
+                self.library.experiences[experience_id].zone if experience_id in self.library.experiences else "unknown"
+            )
             metric("library_admission_events_total").labels(zone=zone, event="admitted").inc()
         for experience_id in report.merged:
-            zone = self.library.experiences[experience_id].zone if experience_id in self.library.experiences else "unknown"
+            zone = (
+                self.library.experiences[experience_id].zone if experience_id in self.library.experiences else "unknown"
+            )
             metric("library_admission_events_total").labels(zone=zone, event="merged").inc()
         for zone, reason in report.rejected:
             metric("library_admission_events_total").labels(zone=zone, event="rejected").inc()

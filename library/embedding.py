@@ -59,8 +59,9 @@ class Embedder:
                     self._cache.move_to_end(text)
                     vectors[index] = cached
         if missing:
-            fresh = self.model.encode(list(missing), batch_size=64, normalize_embeddings=True,
-                                      convert_to_numpy=True, show_progress_bar=False).astype(np.float32)
+            fresh = self.model.encode(
+                list(missing), batch_size=64, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+            ).astype(np.float32)
             with self._lock:
                 for text, vector in zip(missing, fresh):
                     for index in missing[text]:

@@ -54,10 +54,13 @@ class Episode:
                 for experience_id in step.experience_ids:
                     shown_in.setdefault(experience_id, set()).add(step.anchor_cluster)
         return EpisodeOutcome(
-            group_id=self.group_id, success=self.success, injected_ids=self.injected_ids(),
+            group_id=self.group_id,
+            success=self.success,
+            injected_ids=self.injected_ids(),
             with_experience=self.with_experience,
             visited_clusters=frozenset(step.anchor_cluster for step in self.steps if step.anchor_cluster),
-            shown_in={experience_id: frozenset(clusters) for experience_id, clusters in shown_in.items()})
+            shown_in={experience_id: frozenset(clusters) for experience_id, clusters in shown_in.items()},
+        )
 
 
 def episode_score(episode: Episode) -> float:
@@ -67,7 +70,9 @@ def episode_score(episode: Episode) -> float:
     return episode.total_reward + (1.0 if episode.success else 0.0) - 0.5 * len(episode.steps) / max(budget, 1)
 
 
-def select_for_extraction(episodes: list[Episode], max_successes: int, max_failures: int) -> tuple[list[Episode], list[Episode]]:
+def select_for_extraction(
+    episodes: list[Episode], max_successes: int, max_failures: int
+) -> tuple[list[Episode], list[Episode]]:
     """The best `max_successes` successes and the worst `max_failures` failures (rate limit)."""
     successes = sorted((e for e in episodes if e.success), key=episode_score, reverse=True)
     failures = sorted((e for e in episodes if not e.success), key=episode_score)
@@ -98,8 +103,14 @@ class EpisodeBuffer:
         del self._steps[record.episode_id], self._done_at[record.episode_id]
         ordered = [steps[index] for index in range(last + 1)]
         first = ordered[0]
-        return Episode(record.episode_id, first.task_id, first.task_type, first.group_id, ordered,
-                       self._entries.pop(record.episode_id))
+        return Episode(
+            record.episode_id,
+            first.task_id,
+            first.task_type,
+            first.group_id,
+            ordered,
+            self._entries.pop(record.episode_id),
+        )
 
     def drop(self, episode_id: str) -> list[str]:
         """Forget an episode (abandoned); returns the entry ids of its steps so far."""

@@ -28,14 +28,23 @@ def snapshot_dir(run_dir: str | Path) -> Path:
 def snapshot_text(library: Library, applied_episodes: list[str]) -> str:
     """The library (taken under its lock, so one version) as JSON Lines."""
     with library.lock:
-        header = {"kind": "header", "version": library.version, "learner_version": library.learner_version,
-                  "next_id": library.next_id, "counters": dict(library.counters), "created_at": time.time(),
-                  "clusters": sum(len(space) for space in library.clusters.values()),
-                  "experiences": len(library.experiences), "applied_episodes": applied_episodes}
+        header = {
+            "kind": "header",
+            "version": library.version,
+            "learner_version": library.learner_version,
+            "next_id": library.next_id,
+            "counters": dict(library.counters),
+            "created_at": time.time(),
+            "clusters": sum(len(space) for space in library.clusters.values()),
+            "experiences": len(library.experiences),
+            "applied_episodes": applied_episodes,
+        }
         lines = [json.dumps(header)]
         for space in library.clusters.values():
             lines.extend(json.dumps({"kind": "cluster", **cluster.to_json()}) for cluster in space.by_id.values())
-        lines.extend(json.dumps({"kind": "experience", **experience.to_json()}) for experience in library.experiences.values())
+        lines.extend(
+            json.dumps({"kind": "experience", **experience.to_json()}) for experience in library.experiences.values()
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -101,7 +110,8 @@ def show_library(run_dir: str | Path, top: int = 3) -> str:
         f"library of {run_dir} (snapshot {path.name})",
         f"version {header['version']}  learner version {header['learner_version']}  "
         f"experiences {len(experiences)}  clusters {len(clusters)}",
-        "clusters per task type: " + (", ".join(f"{task} {count}" for task, count in sorted(per_task.items())) or "none"),
+        "clusters per task type: "
+        + (", ".join(f"{task} {count}" for task, count in sorted(per_task.items())) or "none"),
         f"counters: {counters}",
     ]
     for zone, levels in LEVELS.items():
@@ -111,6 +121,8 @@ def show_library(run_dir: str | Path, top: int = 3) -> str:
             items = sorted((e for e in in_zone if e["level"] == level), key=lambda e: -(e["score"] + e["utility"]))
             lines.append(f"  {level}: {len(items)}")
             for item in items[:top]:
-                lines.append(f"    [{item['id']}] score {item['score']:.2f} utility {item['utility']:+.2f} "
-                             f"used {item['usage']}x  {item['text'][:100]}")
+                lines.append(
+                    f"    [{item['id']}] score {item['score']:.2f} utility {item['utility']:+.2f} "
+                    f"used {item['usage']}x  {item['text'][:100]}"
+                )
     return "\n".join(lines)

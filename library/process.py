@@ -32,6 +32,8 @@ class LibraryProcess:
     def stats(self) -> dict:
         library = self.writer.library
         with library.lock:
-            return {"version": library.version,
-                    "experiences": {f"{zone}/{level}": size for (zone, level), size in library.level_sizes().items()},
-                    "clusters": sum(len(space) for space in library.clusters.values())}
+            return {
+                "version": library.version,
+                "experiences": {f"{zone}/{level}": size for (zone, level), size in library.level_sizes().items()},
+                "clusters": sum(len(space) for space in library.clusters.values()),
+            }

@@ -32,7 +32,9 @@ def _cluster_ranked(library: Library, cluster_id: str | None, zone: str) -> list
     return [e.id for e in items]
 
 
-def _nearest(library: Library, task_type: str, zone: str, embedding: np.ndarray, exclude: list[str], count: int) -> list[str]:
+def _nearest(
+    library: Library, task_type: str, zone: str, embedding: np.ndarray, exclude: list[str], count: int
+) -> list[str]:
     ids, matrix = library.zone_matrix(task_type, zone)
     if count <= 0 or not ids:
         return []
@@ -42,14 +44,23 @@ def _nearest(library: Library, task_type: str, zone: str, embedding: np.ndarray,
 
 
 def _within_budget(library: Library, strategies: list[str], warnings: list[str], max_tokens: int) -> list[dict]:
-    priority = [ids[i] for i in range(max(len(strategies), len(warnings))) for ids in (strategies, warnings) if i < len(ids)]
+    priority = [
+        ids[i] for i in range(max(len(strategies), len(warnings))) for ids in (strategies, warnings) if i < len(ids)
+    ]
     chosen, used = [], 0
     for experience_id in priority:
         experience = library.experiences[experience_id]
         if used + experience.tokens <= max_tokens:
             used += experience.tokens
-            chosen.append({"experience_id": experience.id, "zone": experience.zone, "level": experience.level,
-                           "text": experience.text, "tokens": experience.tokens})
+            chosen.append(
+                {
+                    "experience_id": experience.id,
+                    "zone": experience.zone,
+                    "level": experience.level,
+                    "text": experience.text,
+                    "tokens": experience.tokens,
+                }
+            )
     return chosen
 
 
@@ -70,8 +81,10 @@ def retrieve_batch(
     wanted = {STRATEGY: k_strategies, WARNING: k_warnings}
     with library.lock:
         if not library.is_warm():
-            answers = [{"experiences": [], "library_version": library.version, "cluster_id": None, "source": "warmup"}
-                       for _ in observations]
+            answers = [
+                {"experiences": [], "library_version": library.version, "cluster_id": None, "source": "warmup"}
+                for _ in observations
+            ]
             _count(mode, answers, started, len(observations))
             return answers
         found: list[str | None] = []
@@ -94,24 +107,37 @@ def retrieve_batch(
                 if found[index] is None:
                     cluster = library.clusters[task_type].find(observation, vector)
                     found[index] = cluster.id if cluster else None
-                    ranked[index] = {zone: _cluster_ranked(library, found[index], zone)[: wanted[zone]] for zone in ZONES}
+                    ranked[index] = {
+                        zone: _cluster_ranked(library, found[index], zone)[: wanted[zone]] for zone in ZONES
+                    }
                 for zone in ZONES:
-                    extra = _nearest(library, task_type, zone, vector, ranked[index][zone], wanted[zone] - len(ranked[index][zone]))
+                    extra = _nearest(
+                        library, task_type, zone, vector, ranked[index][zone], wanted[zone] - len(ranked[index][zone])
+                    )
                     ranked[index][zone] += extra
                     from_fallback += len(extra)
             from_cluster = sum(len(ids) for ids in ranked[index].values()) - from_fallback
-            answers.append({
-                "experiences": _within_budget(library, ranked[index][STRATEGY], ranked[index][WARNING], max_tokens),
-                "library_version": library.version,
-                "cluster_id": found[index],
-                "source": _SOURCES[(from_cluster > 0, from_fallback > 0)],
-            })
+            answers.append(
+                {
+                    "experiences": _within_budget(library, ranked[index][STRATEGY], ranked[index][WARNING], max_tokens),
+                    "library_version": library.version,
+                    "cluster_id": found[index],
+                    "source": _SOURCES[(from_cluster > 0, from_fallback > 0)],
+                }
+            )
     _count(mode, answers, started, len(observations))
     return answers
 
 
-def retrieve(library: Library, observation: str, task_type: str, k_strategies: int = 2, k_warnings: int = 1,
-             max_tokens: int = 200, mode: str = "step") -> dict:
+def retrieve(
+    library: Library,
+    observation: str,
+    task_type: str,
+    k_strategies: int = 2,
+    k_warnings: int = 1,
+    max_tokens: int = 200,
+    mode: str = "step",
+) -> dict:
     """Experiences for one observation (see retrieve_batch)."""
     return retrieve_batch(library, [observation], [task_type], k_strategies, k_warnings, max_tokens, mode)[0]
 
@@ -119,4 +145,6 @@ def retrieve(library: Library, observation: str, task_type: str, k_strategies: i
 def _count(mode: str, answers: list[dict], started: float, size: int) -> None:
     for answer in answers:
         metric("library_retrievals_total").labels(mode=mode, source=answer["source"]).inc()
-    metric("library_retrieval_seconds").labels(kind="single" if size == 1 else "batch").observe(time.perf_counter() - started)
+    metric("library_retrieval_seconds").labels(kind="single" if size == 1 else "batch").observe(
+        time.perf_counter() - started
+    )

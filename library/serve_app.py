@@ -21,8 +21,8 @@ from library.request_models import BadRequest, RetrieveBatchRequest, RetrieveReq
 from library.retrieval import retrieve_batch
 from library.state import Library
 from library.sync import Follower
-from slea.cpu_threads import use_assigned_cpus
 from slea.config import SleaConfig, load_config
+from slea.cpu_threads import use_assigned_cpus
 from slea.redis_conn import connect
 
 log = logging.getLogger(__name__)
@@ -74,12 +74,23 @@ class LibraryServer:
             }
 
     def healthz(self) -> dict:
-        return {"ok": True, "library_version": self.follower.sync(), "uptime_s": round(time.time() - self.started_at, 1)}
+        return {
+            "ok": True,
+            "library_version": self.follower.sync(),
+            "uptime_s": round(time.time() - self.started_at, 1),
+        }
 
     def _answer(self, observations: list[str], task_types: list[str], parsed) -> list[dict]:
         self.follower.sync()
-        return retrieve_batch(self.library, observations, task_types, parsed.k_strategies, parsed.k_warnings,
-                              parsed.max_tokens, parsed.mode)
+        return retrieve_batch(
+            self.library,
+            observations,
+            task_types,
+            parsed.k_strategies,
+            parsed.k_warnings,
+            parsed.max_tokens,
+            parsed.mode,
+        )
 
     # ---- HTTP routes -----------------------------------------------------------------------------
 
@@ -130,11 +141,17 @@ def build_app(config: SleaConfig, redis_url: str):
     # Bounded: a replica works on max_ongoing_requests at once and each caller queues at most
     # max_queued_requests more; beyond that Serve answers 503 "dropped due to backpressure"
     # instead of queueing without limit until memory or latency gives out.
-    options: dict = {"ray_actor_options": {"num_cpus": 1, "resources": dict(cfg.resources)},
-                     "max_ongoing_requests": cfg.max_ongoing_requests, "max_queued_requests": cfg.max_queued_requests}
+    options: dict = {
+        "ray_actor_options": {"num_cpus": 1, "resources": dict(cfg.resources)},
+        "max_ongoing_requests": cfg.max_ongoing_requests,
+        "max_queued_requests": cfg.max_queued_requests,
+    }
     if cfg.max_replicas > cfg.replicas:
-        options["autoscaling_config"] = {"min_replicas": cfg.replicas, "max_replicas": cfg.max_replicas,
-                                         "target_ongoing_requests": cfg.target_ongoing_requests}
+        options["autoscaling_config"] = {
+            "min_replicas": cfg.replicas,
+            "max_replicas": cfg.max_replicas,
+            "target_ongoing_requests": cfg.target_ongoing_requests,
+        }
     else:
         options["num_replicas"] = cfg.replicas
     return LibraryServer.options(**options).bind(config.model_dump(mode="json"), redis_url)

@@ -19,7 +19,6 @@ from slea.redis_conn import connect
 log = logging.getLogger(__name__)
 
 
-
 def start_writer(config: SleaConfig, redis_url: str, run_dir: str | Path) -> LibraryWriter:
     """The run's library writer, restored from the run directory's latest snapshot if any.
     Call `writer.run(stop)` on a thread of your choice; it snapshots and acks when stopped."""
@@ -27,7 +26,9 @@ def start_writer(config: SleaConfig, redis_url: str, run_dir: str | Path) -> Lib
 
     cfg = config.library
     library = Library(cfg, Embedder(cfg.embedding_model, cfg.embedding_cache_size), load_tokenizer(config.model.name))
-    return LibraryWriter(config, connect(config.redis, redis_url), run_dir, library, build_extractor(cfg, config.model.name))
+    return LibraryWriter(
+        config, connect(config.redis, redis_url), run_dir, library, build_extractor(cfg, config.model.name)
+    )
 
 
 def start_serve_app(config: SleaConfig, redis_url: str):
@@ -55,7 +56,9 @@ def serve_library(config: SleaConfig, run_dir: str | Path | None = None) -> int:
     if not config.redis.url:
         raise ConfigError("serve-library reads a run's step stream: set redis.url to that run's Redis")
     run_dir = Path(run_dir) if run_dir is not None else Path(config.run.dir) / config.run.id
-    ray.init(address=config.ray.address, num_cpus=config.ray.num_cpus, namespace=RAY_NAMESPACE, ignore_reinit_error=True)
+    ray.init(
+        address=config.ray.address, num_cpus=config.ray.num_cpus, namespace=RAY_NAMESPACE, ignore_reinit_error=True
+    )
     stop = threading.Event()
     writer = start_writer(config, config.redis.url, run_dir)
     try:

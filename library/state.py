@@ -80,7 +80,8 @@ class Library:
         found = self.clusters.get(task_type)
         if found is None:
             found = self.clusters[task_type] = TaskClusters(
-                task_type, self.embedder.dim, self.cfg.max_clusters, self.cfg.delta, self.cfg.group_instance_numbers)
+                task_type, self.embedder.dim, self.cfg.max_clusters, self.cfg.delta, self.cfg.group_instance_numbers
+            )
         return found
 
     def cluster_of(self, cluster_id: str) -> Cluster | None:
@@ -94,8 +95,11 @@ class Library:
         cached = self._zone_matrices.get(key)
         if cached is None:
             ids = [e.id for e in self.experiences.values() if e.task_type == task_type and e.zone == zone]
-            matrix = (np.stack([self.experiences[i].embedding for i in ids]) if ids
-                      else np.zeros((0, self.embedder.dim), dtype=np.float32))
+            matrix = (
+                np.stack([self.experiences[i].embedding for i in ids])
+                if ids
+                else np.zeros((0, self.embedder.dim), dtype=np.float32)
+            )
             cached = self._zone_matrices[key] = (ids, matrix)
         return cached
 
@@ -122,7 +126,9 @@ class Library:
             vectors = dict(zip(unseen, self.embedder.embed(unseen)))
             assigned = []
             for observation in observations:
-                cluster, founded, evicted = space.assign(observation, vectors.get(observation), f"{task_type}/c{self.next_id}")
+                cluster, founded, evicted = space.assign(
+                    observation, vectors.get(observation), f"{task_type}/c{self.next_id}"
+                )
                 if founded:
                     self.next_id += 1
                     self._mark("clusters", cluster.id)
@@ -138,8 +144,10 @@ class Library:
         line `- {text}\n` under the policy tokenizer, counted as actors/prompts.py
         `PromptBuilder.fit_experiences` counts it (the library may not import actors)."""
         if self.policy_tokenizer is None:
-            raise RuntimeError("this Library has no policy tokenizer, so it cannot admit: pass "
-                               "policy_tokenizer=slea.models.load_tokenizer(config.model.name) to the writer's Library")
+            raise RuntimeError(
+                "this Library has no policy tokenizer, so it cannot admit: pass "
+                "policy_tokenizer=slea.models.load_tokenizer(config.model.name) to the writer's Library"
+            )
         return len(self.policy_tokenizer.encode(f"- {text}\n", add_special_tokens=False))
 
     def admit(self, candidates: list[Candidate], quota: dict[str, int]) -> AdmissionReport:
@@ -153,29 +161,40 @@ class Library:
             return report
         with self.lock:
             ordered = sorted(candidates, key=lambda c: c.score, reverse=True)
-            texts = [f"{c.cue} {c.text()}".strip() for c in ordered]
-            embeddings = self.embedder.embed(texts)
-            for candidate, text, embedding in zip(ordered, texts, embeddings):
+            embeddings = self.embedder.embed([f"{c.cue} {c.text()}".strip() for c in ordered])
+            for candidate, embedding in zip(ordered, embeddings):
                 self._admit_one(candidate, embedding, quota, report)
             return report
 
-    def _admit_one(self, candidate: Candidate, embedding: np.ndarray, quota: dict[str, int], report: AdmissionReport) -> None:
+    def _admit_one(
+        self, candidate: Candidate, embedding: np.ndarray, quota: dict[str, int], report: AdmissionReport
+    ) -> None:
         if self.prompt_line_tokens(candidate.text()) > self.cfg.max_tokens:
             report.rejected.append((candidate.zone, "over_token_budget"))
             self.counters["rejected"] += 1
             return
         zone_ids, zone_embeddings = self.zone_matrix(candidate.task_type, candidate.zone)
-        level_scores = {e.id: e.score for e in self.experiences.values()
-                        if e.zone == candidate.zone and e.level == candidate.level}
-        decision = admission.decide(embedding, candidate.score, zone_ids, zone_embeddings, level_scores,
-                                    self.capacity(candidate.zone, candidate.level), self.cfg.dedup_threshold)
+        level_scores = {
+            e.id: e.score for e in self.experiences.values() if e.zone == candidate.zone and e.level == candidate.level
+        }
+        decision = admission.decide(
+            embedding,
+            candidate.score,
+            zone_ids,
+            zone_embeddings,
+            level_scores,
+            self.capacity(candidate.zone, candidate.level),
+            self.cfg.dedup_threshold,
+        )
         if decision.action == admission.MERGE:
             self._merge(self.experiences[decision.target_id], candidate, embedding)
             report.merged.append(decision.target_id)
             self.counters["merged"] += 1
             return
         if decision.action == admission.REJECT or quota.get(candidate.zone, 0) <= 0:
-            report.rejected.append((candidate.zone, "below_minimum" if decision.action == admission.REJECT else "rate_limit"))
+            report.rejected.append(
+                (candidate.zone, "below_minimum" if decision.action == admission.REJECT else "rate_limit")
+            )
             self.counters["rejected"] += 1
             return
         if decision.action == admission.REPLACE:
@@ -183,11 +202,19 @@ class Library:
             report.evicted.append((candidate.zone, decision.target_id))
             self.counters["evicted"] += 1
         experience = Experience(
-            id=f"x{self.next_id}", zone=candidate.zone, level=candidate.level, task_type=candidate.task_type,
-            text=candidate.text(), cue=candidate.cue,
+            id=f"x{self.next_id}",
+            zone=candidate.zone,
+            level=candidate.level,
+            task_type=candidate.task_type,
+            text=candidate.text(),
+            cue=candidate.cue,
             clusters=list(dict.fromkeys(self.assign_observations(candidate.task_type, candidate.trigger_observations))),
-            score=candidate.score, tokens=self.embedder.count_tokens(candidate.text()), embedding=embedding,
-            source_episode_ids=list(candidate.source_episode_ids), created_at=time.time(), created_version=self.version + 1,
+            score=candidate.score,
+            tokens=self.embedder.count_tokens(candidate.text()),
+            embedding=embedding,
+            source_episode_ids=list(candidate.source_episode_ids),
+            created_at=time.time(),
+            created_version=self.version + 1,
         )
         self.next_id += 1
         self._add_experience(experience)
@@ -199,7 +226,12 @@ class Library:
         """A near-duplicate joins the existing item: the higher score's wording and score win,
         triggers and sources are united, zone and level stay (capacity accounting is unchanged)."""
         if candidate.score > kept.score:
-            kept.text, kept.cue, kept.score, kept.embedding = candidate.text(), candidate.cue, candidate.score, embedding
+            kept.text, kept.cue, kept.score, kept.embedding = (
+                candidate.text(),
+                candidate.cue,
+                candidate.score,
+                embedding,
+            )
             kept.tokens = self.embedder.count_tokens(kept.text)
         new_clusters = self.assign_observations(candidate.task_type, candidate.trigger_observations)
         self._unindex(kept)
@@ -229,11 +261,15 @@ class Library:
                 if found.gain is None:
                     continue
                 experience.compared += found.compared
-                experience.utility = admission.exponential_average(experience.utility, found.gain, self.cfg.utility_rate)
-                experience.low_windows = admission.low_windows_after(experience.utility, experience.low_windows,
-                                                                     self.cfg.prune_utility_at_or_below)
-                if admission.should_prune(experience.low_windows, experience.compared, self.cfg.prune_windows,
-                                          self.cfg.prune_min_exposures):
+                experience.utility = admission.exponential_average(
+                    experience.utility, found.gain, self.cfg.utility_rate
+                )
+                experience.low_windows = admission.low_windows_after(
+                    experience.utility, experience.low_windows, self.cfg.prune_utility_at_or_below
+                )
+                if admission.should_prune(
+                    experience.low_windows, experience.compared, self.cfg.prune_windows, self.cfg.prune_min_exposures
+                ):
                     self._remove_experience(experience_id)
                     self.counters["pruned"] += 1
                     pruned.append(experience)
@@ -256,7 +292,9 @@ class Library:
                 "learner_version": self.learner_version,
                 "next_id": self.next_id,
                 "counters": dict(self.counters),
-                "experiences": [self.experiences[i].to_json() for i in sorted(self._changed["experiences"]) if i in self.experiences],
+                "experiences": [
+                    self.experiences[i].to_json() for i in sorted(self._changed["experiences"]) if i in self.experiences
+                ],
                 "removed_experiences": sorted(self._removed["experiences"]),
                 "clusters": [c.to_json() for i in sorted(self._changed["clusters"]) if (c := self.cluster_of(i))],
                 "removed_clusters": sorted(self._removed["clusters"]),

@@ -58,6 +58,7 @@ class Publisher:
     def start(self, text: str) -> None:
         """Begin an epoch from the writer's restored (or empty) state: old deltas go, the snapshot
         and epoch are replaced together so a replica never pairs one epoch with another's state."""
+
         def replace():
             pipe = self.client.pipeline(transaction=True)
             pipe.delete(deltas_key(self.run_id))
@@ -98,7 +99,9 @@ class Follower:
         pipe.get(epoch_key(self.run_id))
         text, epoch = pipe.execute()
         if text is None:
-            raise LibraryNotPublished(f"no library writer has started for run {self.run_id} (key {snapshot_key(self.run_id)} is empty)")
+            raise LibraryNotPublished(
+                f"no library writer has started for run {self.run_id} (key {snapshot_key(self.run_id)} is empty)"
+            )
         load_snapshot_text(self.library, text.decode())
         self.epoch = epoch.decode()
         self.last_entry = "0-0"

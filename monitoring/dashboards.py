@@ -33,8 +33,9 @@ def m(name: str, **matchers: str) -> str:
     base = re.sub(r"_(bucket|sum|count)$", "", name)
     if name not in CATALOGUE and base not in CATALOGUE:
         raise KeyError(f"dashboard uses '{name}', which monitoring/metrics.py does not define")
-    labels = ['run=~"$run"'] + [f'{key}=~"{value[1:]}"' if value.startswith("~") else f'{key}="{value}"'
-                                for key, value in matchers.items()]  # "~a|b" means a regex match
+    labels = ['run=~"$run"'] + [
+        f'{key}=~"{value[1:]}"' if value.startswith("~") else f'{key}="{value}"' for key, value in matchers.items()
+    ]  # "~a|b" means a regex match
     return f"{PREFIX}{name}{{{','.join(labels)}}}"
 
 
@@ -42,8 +43,10 @@ def quantiles(name: str, by: str = "", qs: tuple[float, ...] = (0.5, 0.95)) -> l
     """histogram_quantile targets of a catalogue histogram, optionally split by one label."""
     group = f"le, {by}" if by else "le"
     legend = f"{{{{{by}}}}} " if by else ""
-    return [(f"histogram_quantile({q}, sum by ({group}) (rate({m(name + '_bucket')}{RATE})))", f"{legend}p{int(q * 100)}")
-            for q in qs]
+    return [
+        (f"histogram_quantile({q}, sum by ({group}) (rate({m(name + '_bucket')}{RATE})))", f"{legend}p{int(q * 100)}")
+        for q in qs
+    ]
 
 
 @dataclass
@@ -67,81 +70,192 @@ def _rate_by(name: str, by: str, **matchers: str) -> str:
     return f"sum by ({by}) (rate({m(name, **matchers)}{RATE}))"
 
 
-OVERVIEW = Dashboard("slea-overview", "SLEA-RL / Run overview", [
-    Panel("Success rate by task type", [(
-        f"{_rate_by('actor_episodes_total', 'task_type', outcome='success')} / {_rate_by('actor_episodes_total', 'task_type')}",
-        "{{task_type}}")], unit="percentunit"),
-    Panel("Episode length (steps)", quantiles("actor_episode_steps", "env") + [(
-        f"sum by (env) (rate({m('actor_episode_steps_sum')}{RATE})) / sum by (env) (rate({m('actor_episode_steps_count')}{RATE}))",
-        "{{env}} mean")]),
-    Panel("Policy version of the actors", [
-        (f"min({m('actor_policy_version')})", "slowest actor"),
-        (f"max({m('actor_policy_version')})", "newest actor")], kind="stat"),
-    Panel("Stream lag by consumer group", [(f"max by (group) ({m('stream_lag')})", "{{group}}")]),
-    Panel("Throughput: env steps/s", [(f"sum({_rate_by('actor_env_steps_total', 'env')})", "steps/s")], unit="ops"),
-    Panel("Throughput: generated tokens/s", [(f"sum(rate({m('actor_generated_tokens_total')}{RATE}))", "tokens/s")],
-          unit="ops"),
-])
+OVERVIEW = Dashboard(
+    "slea-overview",
+    "SLEA-RL / Run overview",
+    [
+        Panel(
+            "Success rate by task type",
+            [
+                (
+                    f"{_rate_by('actor_episodes_total', 'task_type', outcome='success')} / {_rate_by('actor_episodes_total', 'task_type')}",
+                    "{{task_type}}",
+                )
+            ],
+            unit="percentunit",
+        ),
+        Panel(
+            "Episode length (steps)",
+            quantiles("actor_episode_steps", "env")
+            + [
+                (
+                    f"sum by (env) (rate({m('actor_episode_steps_sum')}{RATE})) / sum by (env) (rate({m('actor_episode_steps_count')}{RATE}))",
+                    "{{env}} mean",
+                )
+            ],
+        ),
+        Panel(
+            "Policy version of the actors",
+            [
+                (f"min({m('actor_policy_version')})", "slowest actor"),
+                (f"max({m('actor_policy_version')})", "newest actor"),
+            ],
+            kind="stat",
+        ),
+        Panel("Stream lag by consumer group", [(f"max by (group) ({m('stream_lag')})", "{{group}}")]),
+        Panel("Throughput: env steps/s", [(f"sum({_rate_by('actor_env_steps_total', 'env')})", "steps/s")], unit="ops"),
+        Panel(
+            "Throughput: generated tokens/s",
+            [(f"sum(rate({m('actor_generated_tokens_total')}{RATE}))", "tokens/s")],
+            unit="ops",
+        ),
+    ],
+)
 
-ACTORS = Dashboard("slea-actors", "SLEA-RL / Actors", [
-    Panel("Env steps/s by env", [(_rate_by("actor_env_steps_total", "env"), "{{env}}")], unit="ops"),
-    Panel("Generated tokens/s by worker", [(_rate_by("actor_generated_tokens_total", "worker"), "{{worker}}")], unit="ops"),
-    Panel("Episodes/s by outcome", [(_rate_by("actor_episodes_total", "outcome"), "{{outcome}}")], unit="ops"),
-    Panel("Invalid actions per env step", [(
-        f"{_rate_by('actor_invalid_actions_total', 'env')} / {_rate_by('actor_env_steps_total', 'env')}", "{{env}}")],
-        unit="percentunit"),
-    Panel("Retrieval latency (actor side)", quantiles("actor_retrieval_seconds", qs=(0.5, 0.95, 0.99)), unit="s"),
-    Panel("Retrievals/s by outcome (actor side)", [(_rate_by("actor_retrieval_requests_total", "outcome"), "{{outcome}}")],
-          unit="ops"),
-    Panel("Version lag by worker", [(f"max by (worker) ({m('actor_version_lag')})", "{{worker}}")]),
-    Panel("Policy version by worker", [(f"max by (worker) ({m('actor_policy_version')})", "{{worker}}")]),
-    Panel("Throttled fraction by reason", [(_rate_by("actor_throttled_seconds_total", "reason"), "{{reason}}")],
-          unit="percentunit"),
-    Panel("Weight updates/min by worker", [(f"60 * {_rate_by('actor_weight_updates_total', 'worker')}", "{{worker}}")]),
-])
+ACTORS = Dashboard(
+    "slea-actors",
+    "SLEA-RL / Actors",
+    [
+        Panel("Env steps/s by env", [(_rate_by("actor_env_steps_total", "env"), "{{env}}")], unit="ops"),
+        Panel(
+            "Generated tokens/s by worker",
+            [(_rate_by("actor_generated_tokens_total", "worker"), "{{worker}}")],
+            unit="ops",
+        ),
+        Panel("Episodes/s by outcome", [(_rate_by("actor_episodes_total", "outcome"), "{{outcome}}")], unit="ops"),
+        Panel(
+            "Invalid actions per env step",
+            [
+                (
+                    f"{_rate_by('actor_invalid_actions_total', 'env')} / {_rate_by('actor_env_steps_total', 'env')}",
+                    "{{env}}",
+                )
+            ],
+            unit="percentunit",
+        ),
+        Panel("Retrieval latency (actor side)", quantiles("actor_retrieval_seconds", qs=(0.5, 0.95, 0.99)), unit="s"),
+        Panel(
+            "Retrievals/s by outcome (actor side)",
+            [(_rate_by("actor_retrieval_requests_total", "outcome"), "{{outcome}}")],
+            unit="ops",
+        ),
+        Panel("Version lag by worker", [(f"max by (worker) ({m('actor_version_lag')})", "{{worker}}")]),
+        Panel("Policy version by worker", [(f"max by (worker) ({m('actor_policy_version')})", "{{worker}}")]),
+        Panel(
+            "Throttled fraction by reason",
+            [(_rate_by("actor_throttled_seconds_total", "reason"), "{{reason}}")],
+            unit="percentunit",
+        ),
+        Panel(
+            "Weight updates/min by worker", [(f"60 * {_rate_by('actor_weight_updates_total', 'worker')}", "{{worker}}")]
+        ),
+    ],
+)
 
-LIBRARY = Dashboard("slea-library", "SLEA-RL / Experience library", [
-    Panel("Experiences by zone and level", [(f"max by (zone, level) ({m('library_experiences')})", "{{zone}}/{{level}}")]),
-    Panel("Library version", [(f"max({m('library_version')})", "version")], kind="stat"),
-    Panel("Admission events/s", [(_rate_by("library_admission_events_total", "zone, event"), "{{zone}} {{event}}")],
-          unit="ops"),
-    Panel("Rejections/s by reason", [(_rate_by("library_rejections_total", "zone, reason"), "{{zone}} {{reason}}")],
-          unit="ops"),
-    Panel("Episodes processed/s by outcome", [(_rate_by("library_episodes_total", "outcome"), "{{outcome}}")], unit="ops"),
-    Panel("Extractions/s and failures/s", [
-        (_rate_by("library_extraction_calls_total", "backend, prompt"), "{{backend}} prompt {{prompt}}"),
-        (_rate_by("library_extraction_failures_total", "backend, reason"), "{{backend}} failed: {{reason}}")], unit="ops"),
-    Panel("Extraction time", quantiles("library_extraction_seconds", "backend"), unit="s"),
-    Panel("Clusters by task type", [(f"max by (task_type) ({m('library_clusters')})", "{{task_type}}")]),
-    Panel("Cluster evictions/s", [(_rate_by("library_cluster_evictions_total", "task_type"), "{{task_type}}")], unit="ops"),
-    Panel("Retrieval hit rate (items from the observation's cluster)", [(
-        f"sum(rate({m('library_retrievals_total', source='~cluster|mixed')}{RATE})) / "
-        f"sum(rate({m('library_retrievals_total')}{RATE}))", "hit rate")], unit="percentunit"),
-    Panel("Retrievals/s by source", [(_rate_by("library_retrievals_total", "mode, source"), "{{mode}} {{source}}")],
-          unit="ops"),
-    Panel("Retrieval latency (library side)", quantiles("library_retrieval_seconds", "kind"), unit="s"),
-])
+LIBRARY = Dashboard(
+    "slea-library",
+    "SLEA-RL / Experience library",
+    [
+        Panel(
+            "Experiences by zone and level",
+            [(f"max by (zone, level) ({m('library_experiences')})", "{{zone}}/{{level}}")],
+        ),
+        Panel("Library version", [(f"max({m('library_version')})", "version")], kind="stat"),
+        Panel(
+            "Admission events/s",
+            [(_rate_by("library_admission_events_total", "zone, event"), "{{zone}} {{event}}")],
+            unit="ops",
+        ),
+        Panel(
+            "Rejections/s by reason",
+            [(_rate_by("library_rejections_total", "zone, reason"), "{{zone}} {{reason}}")],
+            unit="ops",
+        ),
+        Panel(
+            "Episodes processed/s by outcome",
+            [(_rate_by("library_episodes_total", "outcome"), "{{outcome}}")],
+            unit="ops",
+        ),
+        Panel(
+            "Extractions/s and failures/s",
+            [
+                (_rate_by("library_extraction_calls_total", "backend, prompt"), "{{backend}} prompt {{prompt}}"),
+                (_rate_by("library_extraction_failures_total", "backend, reason"), "{{backend}} failed: {{reason}}"),
+            ],
+            unit="ops",
+        ),
+        Panel("Extraction time", quantiles("library_extraction_seconds", "backend"), unit="s"),
+        Panel("Clusters by task type", [(f"max by (task_type) ({m('library_clusters')})", "{{task_type}}")]),
+        Panel(
+            "Cluster evictions/s",
+            [(_rate_by("library_cluster_evictions_total", "task_type"), "{{task_type}}")],
+            unit="ops",
+        ),
+        Panel(
+            "Retrieval hit rate (items from the observation's cluster)",
+            [
+                (
+                    f"sum(rate({m('library_retrievals_total', source='~cluster|mixed')}{RATE})) / "
+                    f"sum(rate({m('library_retrievals_total')}{RATE}))",
+                    "hit rate",
+                )
+            ],
+            unit="percentunit",
+        ),
+        Panel(
+            "Retrievals/s by source",
+            [(_rate_by("library_retrievals_total", "mode, source"), "{{mode}} {{source}}")],
+            unit="ops",
+        ),
+        Panel("Retrieval latency (library side)", quantiles("library_retrieval_seconds", "kind"), unit="s"),
+    ],
+)
 
-STREAM = Dashboard("slea-stream", "SLEA-RL / Step stream", [
-    Panel("Produced records/s", [(_rate_by("stream_records_produced_total", "stream"), "{{stream}}")], unit="ops"),
-    Panel("Produced bytes/s", [(_rate_by("stream_bytes_produced_total", "stream"), "{{stream}}")], unit="Bps"),
-    Panel("Consumed and acked/s by group", [
-        (_rate_by("stream_records_consumed_total", "group"), "{{group}} consumed"),
-        (_rate_by("stream_records_acked_total", "group"), "{{group}} acked")], unit="ops"),
-    Panel("Lag by group (not yet delivered)", [(f"max by (group) ({m('stream_lag')})", "{{group}}")]),
-    Panel("Pending by group (delivered, not acked)", [(f"max by (group) ({m('stream_pending')})", "{{group}}")]),
-    Panel("Stream length", [(f"max by (stream) ({m('stream_length')})", "{{stream}}")]),
-    Panel("Dead-lettered (last hour)", [(
-        f"sum by (group, reason) (increase({m('stream_dead_lettered_total')}[1h]))", "{{group}} {{reason}}")]),
-    Panel("Claimed from idle consumers/s", [(_rate_by("stream_records_claimed_total", "group"), "{{group}}")], unit="ops"),
-    Panel("Reconnects (last hour)", [(f"sum by (role) (increase({m('stream_reconnects_total')}[1h]))", "{{role}}")]),
-    Panel("Trimmed entries/s", [(_rate_by("stream_trimmed_total", "stream"), "{{stream}}")], unit="ops"),
-    # Redis itself, from prometheus-redis-exporter: not per run (one Redis holds every run's keys)
-    Panel("Redis memory used of maxmemory", [(
-        "max by (instance) (redis_memory_used_bytes) / max by (instance) (redis_memory_max_bytes > 0)", "{{instance}}")],
-        unit="percentunit", description="redis_memory_used_bytes / redis_memory_max_bytes (prometheus-redis-exporter). "
-        "At 1 Redis refuses writes (maxmemory-policy noeviction) and producers stop with a backpressure error."),
-])
+STREAM = Dashboard(
+    "slea-stream",
+    "SLEA-RL / Step stream",
+    [
+        Panel("Produced records/s", [(_rate_by("stream_records_produced_total", "stream"), "{{stream}}")], unit="ops"),
+        Panel("Produced bytes/s", [(_rate_by("stream_bytes_produced_total", "stream"), "{{stream}}")], unit="Bps"),
+        Panel(
+            "Consumed and acked/s by group",
+            [
+                (_rate_by("stream_records_consumed_total", "group"), "{{group}} consumed"),
+                (_rate_by("stream_records_acked_total", "group"), "{{group}} acked"),
+            ],
+            unit="ops",
+        ),
+        Panel("Lag by group (not yet delivered)", [(f"max by (group) ({m('stream_lag')})", "{{group}}")]),
+        Panel("Pending by group (delivered, not acked)", [(f"max by (group) ({m('stream_pending')})", "{{group}}")]),
+        Panel("Stream length", [(f"max by (stream) ({m('stream_length')})", "{{stream}}")]),
+        Panel(
+            "Dead-lettered (last hour)",
+            [(f"sum by (group, reason) (increase({m('stream_dead_lettered_total')}[1h]))", "{{group}} {{reason}}")],
+        ),
+        Panel(
+            "Claimed from idle consumers/s",
+            [(_rate_by("stream_records_claimed_total", "group"), "{{group}}")],
+            unit="ops",
+        ),
+        Panel(
+            "Reconnects (last hour)", [(f"sum by (role) (increase({m('stream_reconnects_total')}[1h]))", "{{role}}")]
+        ),
+        Panel("Trimmed entries/s", [(_rate_by("stream_trimmed_total", "stream"), "{{stream}}")], unit="ops"),
+        # Redis itself, from prometheus-redis-exporter: not per run (one Redis holds every run's keys)
+        Panel(
+            "Redis memory used of maxmemory",
+            [
+                (
+                    "max by (instance) (redis_memory_used_bytes) / max by (instance) (redis_memory_max_bytes > 0)",
+                    "{{instance}}",
+                )
+            ],
+            unit="percentunit",
+            description="redis_memory_used_bytes / redis_memory_max_bytes (prometheus-redis-exporter). "
+            "At 1 Redis refuses writes (maxmemory-policy noeviction) and producers stop with a backpressure error.",
+        ),
+    ],
+)
 
 LEARNER = Dashboard("slea-learner", "SLEA-RL / Learner", [])
 
@@ -150,8 +264,10 @@ HOME = {"stream_": STREAM, "actor_": ACTORS, "learner_": LEARNER, "library_": LI
 
 
 def _shown(dashboards: list[Dashboard]) -> set[str]:
-    names = re.findall(rf"\b{PREFIX}([a-zA-Z0-9_]+)", " ".join(
-        expr for d in dashboards for panel in d.panels for expr, _legend in panel.targets))
+    names = re.findall(
+        rf"\b{PREFIX}([a-zA-Z0-9_]+)",
+        " ".join(expr for d in dashboards for panel in d.panels for expr, _legend in panel.targets),
+    )
     return {re.sub(r"_(bucket|sum|count)$", "", name) if name not in CATALOGUE else name for name in names}
 
 
@@ -191,13 +307,29 @@ def _help_of(exprs: list[str]) -> str:
 
 
 def _variables() -> list[dict]:
-    datasource = {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-                  "current": {}, "hide": 0}
-    run = {"name": "run", "label": "Run", "type": "query", "datasource": {"type": "prometheus", "uid": "${datasource}"},
-           "query": {"query": f"label_values({PREFIX}stream_records_produced_total, run)", "refId": "run"},
-           "definition": f"label_values({PREFIX}stream_records_produced_total, run)",
-           "includeAll": True, "allValue": ".*", "multi": True, "refresh": 2, "sort": 1,
-           "current": {"text": "All", "value": "$__all"}, "hide": 0}
+    datasource = {
+        "name": "datasource",
+        "label": "Data source",
+        "type": "datasource",
+        "query": "prometheus",
+        "current": {},
+        "hide": 0,
+    }
+    run = {
+        "name": "run",
+        "label": "Run",
+        "type": "query",
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "query": {"query": f"label_values({PREFIX}stream_records_produced_total, run)", "refId": "run"},
+        "definition": f"label_values({PREFIX}stream_records_produced_total, run)",
+        "includeAll": True,
+        "allValue": ".*",
+        "multi": True,
+        "refresh": 2,
+        "sort": 1,
+        "current": {"text": "All", "value": "$__all"},
+        "hide": 0,
+    }
     return [datasource, run]
 
 
@@ -209,21 +341,41 @@ def render(dashboard: Dashboard) -> dict:
         if x + panel.width > 24:
             x, y = 0, y + 8
         exprs = [expr for expr, _legend in panel.targets]
-        panels.append({
-            "id": number, "type": panel.kind, "title": panel.title, "description": panel.description or _help_of(exprs),
-            "datasource": {"type": "prometheus", "uid": "${datasource}"},
-            "gridPos": {"h": height, "w": panel.width, "x": x, "y": y},
-            "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
-            "options": {"legend": {"displayMode": "list", "placement": "bottom"}} if panel.kind == "timeseries" else {},
-            "targets": [{"refId": chr(ord("A") + index), "expr": expr, "legendFormat": legend,
-                         "datasource": {"type": "prometheus", "uid": "${datasource}"}}
-                        for index, (expr, legend) in enumerate(panel.targets)],
-        })
+        panels.append(
+            {
+                "id": number,
+                "type": panel.kind,
+                "title": panel.title,
+                "description": panel.description or _help_of(exprs),
+                "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                "gridPos": {"h": height, "w": panel.width, "x": x, "y": y},
+                "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+                "options": {"legend": {"displayMode": "list", "placement": "bottom"}}
+                if panel.kind == "timeseries"
+                else {},
+                "targets": [
+                    {
+                        "refId": chr(ord("A") + index),
+                        "expr": expr,
+                        "legendFormat": legend,
+                        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                    }
+                    for index, (expr, legend) in enumerate(panel.targets)
+                ],
+            }
+        )
         x += panel.width
     return {
-        "uid": dashboard.uid, "title": dashboard.title, "tags": ["slea-rl"], "editable": True,
-        "schemaVersion": 39, "version": 1, "refresh": "30s", "timezone": "browser",
-        "time": {"from": "now-3h", "to": "now"}, "templating": {"list": _variables()},
+        "uid": dashboard.uid,
+        "title": dashboard.title,
+        "tags": ["slea-rl"],
+        "editable": True,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "30s",
+        "timezone": "browser",
+        "time": {"from": "now-3h", "to": "now"},
+        "templating": {"list": _variables()},
         "links": [{"title": "SLEA-RL", "type": "dashboards", "tags": ["slea-rl"], "asDropdown": True}],
         "panels": panels,
     }

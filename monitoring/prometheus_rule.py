@@ -16,16 +16,20 @@ import yaml
 PROMETHEUS_DIR = Path(__file__).resolve().parent / "prometheus"
 RULES = PROMETHEUS_DIR / "rules.yaml"
 PROMETHEUS_RULE = PROMETHEUS_DIR / "prometheusrule.yaml"
-HEADER = ("# GENERATED from rules.yaml by `python -m monitoring.prometheus_rule`: edit rules.yaml and regenerate.\n"
-          "# The label `release: kube-prometheus-stack` matches the Helm chart's default ruleSelector.\n")
+HEADER = (
+    "# GENERATED from rules.yaml by `python -m monitoring.prometheus_rule`: edit rules.yaml and regenerate.\n"
+    "# The label `release: kube-prometheus-stack` matches the Helm chart's default ruleSelector.\n"
+)
 
 
 class _Literal(yaml.SafeDumper):
     """Multi-line strings (PromQL, descriptions) as literal blocks, as they read in rules.yaml."""
 
 
-_Literal.add_representer(str, lambda dumper, text: dumper.represent_scalar(
-    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
+_Literal.add_representer(
+    str,
+    lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None),
+)
 
 
 def render() -> str:

@@ -28,8 +28,12 @@ class ConfigError(ValueError):
 # - custom: nothing fixed (ablations such as step advantages without a library).
 PRESETS: dict[str, dict[str, Any]] = {
     "slea": {"library.enabled": True, "actors.retrieval_mode": "step"},
-    "grpo": {"library.enabled": False, "actors.retrieval_mode": "none", "learner.omega": 0.0,
-             "learner.advantage_mode": "mean_std_norm"},
+    "grpo": {
+        "library.enabled": False,
+        "actors.retrieval_mode": "none",
+        "learner.omega": 0.0,
+        "learner.advantage_mode": "mean_std_norm",
+    },
     "task_retrieval": {"library.enabled": True, "actors.retrieval_mode": "task"},
     "custom": {},
 }
@@ -46,9 +50,13 @@ class RunConfig(_Section):
     dir: str = Field("runs", description="Parent folder of run directories.")
     seed: int = Field(0, description="Seed for task sampling, generation and training.")
     preset: Literal["slea", "grpo", "task_retrieval", "custom"] = Field(
-        "slea", description="Algorithm preset (PRESETS): step retrieval + step advantages, GRPO as verl-agent runs it, retrieval once per task, or custom (every key as written)."
+        "slea",
+        description="Algorithm preset (PRESETS): step retrieval + step advantages, GRPO as verl-agent runs it, retrieval once per task, or custom (every key as written).",
     )
-    edge: bool = Field(False, description="EDGE on top of the preset: A/B groups and gain-gated distillation of the with-experience behaviour into the experience-free policy (learner.edge_distill_coef, 0.1 unless set).")
+    edge: bool = Field(
+        False,
+        description="EDGE on top of the preset: A/B groups and gain-gated distillation of the with-experience behaviour into the experience-free policy (learner.edge_distill_coef, 0.1 unless set).",
+    )
 
     @field_validator("id")
     @classmethod
@@ -60,26 +68,45 @@ class RunConfig(_Section):
 
 class RedisConfig(_Section):
     url: str | None = Field(None, description="redis:// or rediss:// URL; null starts a private embedded redis-server.")
-    username: str | None = Field(None, description="Redis ACL user (null = the default user); the cluster's is limited to slea:<run.id>:* keys.")
-    password_env: str | None = Field("SLEA_REDIS_PASSWORD", description="Environment variable holding the password (never put it in YAML).")
+    username: str | None = Field(
+        None, description="Redis ACL user (null = the default user); the cluster's is limited to slea:<run.id>:* keys."
+    )
+    password_env: str | None = Field(
+        "SLEA_REDIS_PASSWORD", description="Environment variable holding the password (never put it in YAML)."
+    )
     password_file: str | None = Field(None, description="File holding the password, e.g. a mounted Kubernetes Secret.")
     tls_ca_file: str | None = Field(None, description="CA bundle for rediss:// connections.")
     tls_verify: bool = Field(True, description="Verify the server certificate on rediss:// connections.")
-    embedded_appendonly: bool = Field(True, description="Embedded server persists with AOF so a restart loses nothing acknowledged.")
+    embedded_appendonly: bool = Field(
+        True, description="Embedded server persists with AOF so a restart loses nothing acknowledged."
+    )
     batch_size: int = Field(64, ge=1, le=10_000, description="Records per pipelined XADD batch.")
     read_count: int = Field(256, ge=1, le=100_000, description="Entries per XREADGROUP call.")
     block_ms: int = Field(1000, ge=0, description="How long a consumer read blocks waiting for new entries.")
-    claim_idle_ms: int = Field(60_000, ge=1, description="Pending entries idle this long are claimed from dead consumers.")
-    max_deliveries: int = Field(5, ge=1, description="After this many deliveries an entry moves to the dead-letter stream.")
+    claim_idle_ms: int = Field(
+        60_000, ge=1, description="Pending entries idle this long are claimed from dead consumers."
+    )
+    max_deliveries: int = Field(
+        5, ge=1, description="After this many deliveries an entry moves to the dead-letter stream."
+    )
     max_lag: int = Field(20_000, ge=1, description="Learner lag (entries) above which actors throttle.")
     reconnect_max_s: float = Field(30.0, gt=0, description="Give up reconnecting after this long without Redis.")
-    socket_timeout_s: float = Field(10.0, gt=0, description="Socket timeout for Redis commands (blocking reads add block_ms).")
+    socket_timeout_s: float = Field(
+        10.0, gt=0, description="Socket timeout for Redis commands (blocking reads add block_ms)."
+    )
 
 
 class ModelConfig(_Section):
-    name: str = Field("smollm2-135m-instruct", description="HF id, local directory, GGUF file, or 'smollm2-135m-instruct' (shipped package).")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Weights dtype for generation and training.")
-    max_prompt_tokens: int = Field(2048, ge=16, description="Prompts longer than this are truncated from the history side.")
+    name: str = Field(
+        "smollm2-135m-instruct",
+        description="HF id, local directory, GGUF file, or 'smollm2-135m-instruct' (shipped package).",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weights dtype for generation and training."
+    )
+    max_prompt_tokens: int = Field(
+        2048, ge=16, description="Prompts longer than this are truncated from the history side."
+    )
     max_new_tokens: int = Field(128, ge=1, description="Response budget per step.")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
@@ -88,10 +115,18 @@ class ModelConfig(_Section):
 class EnvsConfig(_Section):
     name: str = Field("alfworld", description="Environment name from the registry (or one of `plugins`).")
     params: dict[str, Any] = Field(default_factory=dict, description="Env-specific parameters, e.g. difficulty: easy.")
-    max_steps: int | None = Field(None, ge=1, description="Step budget per episode; null uses the env's default (ALFWorld 50).")
-    budgets: list[int] = Field(default_factory=list, description="Budget-mixed training: sample each group's step budget from these.")
+    max_steps: int | None = Field(
+        None, ge=1, description="Step budget per episode; null uses the env's default (ALFWorld 50)."
+    )
+    budgets: list[int] = Field(
+        default_factory=list, description="Budget-mixed training: sample each group's step budget from these."
+    )
     eval_panel: str = Field("default", description="Evaluation panel name; training never samples its tasks.")
-    panel_size: int = Field(50, ge=1, description="Tasks in the evaluation panel (held out from training, with eval.panel_size's if larger).")
+    panel_size: int = Field(
+        50,
+        ge=1,
+        description="Tasks in the evaluation panel (held out from training, with eval.panel_size's if larger).",
+    )
     plugins: dict[str, str] = Field(default_factory=dict, description="Extra envs: name -> 'module:Class' adapter.")
 
 
@@ -99,19 +134,32 @@ class ActorsConfig(_Section):
     num_workers: int = Field(2, ge=0, description="Actor workers (Ray actors) in the pool.")
     envs_per_worker: int = Field(8, ge=1, description="Environments each worker plays concurrently.")
     engine: Literal["transformers", "vllm"] = Field("transformers", description="Generation engine.")
-    engine_args: dict[str, Any] = Field(default_factory=dict, description="Passed through to the engine (e.g. vLLM gpu_memory_utilization).")
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="Passed through to the engine (e.g. vLLM gpu_memory_utilization)."
+    )
     group_size: int = Field(8, ge=1, description="G: trajectories per task group.")
     history_length: int = Field(2, ge=0, description="Observation/action pairs of history in the prompt.")
     prompt_style: Literal["reasoning", "compact"] = Field(
-        "reasoning", description="reasoning: verl-agent's think-then-act prompt; compact: one format example, action only (small models).")
-    retrieval_mode: Literal["step", "task", "none"] = Field("step", description="Retrieve every step, once per episode, or never.")
-    retrieval_timeout_s: float = Field(0.5, gt=0, description="A retrieval slower than this is skipped and counted as a miss.")
+        "reasoning",
+        description="reasoning: verl-agent's think-then-act prompt; compact: one format example, action only (small models).",
+    )
+    retrieval_mode: Literal["step", "task", "none"] = Field(
+        "step", description="Retrieve every step, once per episode, or never."
+    )
+    retrieval_timeout_s: float = Field(
+        0.5, gt=0, description="A retrieval slower than this is skipped and counted as a miss."
+    )
     ab_groups: bool = Field(False, description="EDGE A/B groups: first half with experiences, second half without.")
     max_staleness: int = Field(4, ge=0, description="Do not start groups while this many versions behind the learner.")
-    synchronous: bool = Field(False, description="Synchronous baseline: only learner.tasks_per_step groups per policy version, then wait for the next one.")
+    synchronous: bool = Field(
+        False,
+        description="Synchronous baseline: only learner.tasks_per_step groups per policy version, then wait for the next one.",
+    )
     num_cpus: float = Field(1.0, gt=0, description="Ray CPUs per actor worker.")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per actor worker.")
-    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources pinning workers to their pool.")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources pinning workers to their pool."
+    )
 
 
 class LearnerConfig(_Section):
@@ -119,34 +167,68 @@ class LearnerConfig(_Section):
     gamma: float = Field(0.95, ge=0, le=1, description="Discount of step returns.")
     omega: float = Field(1.0, ge=0, description="Weight of the step-level (anchor) advantage.")
     advantage_mode: Literal["mean_norm", "mean_std_norm"] = Field("mean_norm", description="Group normalisation.")
-    episode_stats: Literal["per_step", "per_trajectory"] = Field("per_step", description="Episode advantage statistics over step rows or trajectories.")
-    anchor: Literal["exact", "cluster"] = Field("exact", description="Anchor states: exact observation text or library cluster key.")
+    episode_stats: Literal["per_step", "per_trajectory"] = Field(
+        "per_step", description="Episode advantage statistics over step rows or trajectories."
+    )
+    anchor: Literal["exact", "cluster"] = Field(
+        "exact", description="Anchor states: exact observation text or library cluster key."
+    )
     invalid_penalty: float = Field(0.1, ge=0, description="Penalty on the step whose action was invalid.")
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in optimizer steps.")
     clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1.")
     clip_high: float = Field(0.28, ge=0, description="PPO ratio clip above 1 (asymmetric, DAPO-style).")
-    kl_coef: float = Field(0.01, ge=0, description="KL penalty to the frozen reference policy (low-variance estimator).")
+    kl_coef: float = Field(
+        0.01, ge=0, description="KL penalty to the frozen reference policy (low-variance estimator)."
+    )
     entropy_coef: float = Field(0.001, ge=0, description="Entropy bonus.")
-    edge_distill_coef: float = Field(0.0, ge=0, description="EDGE: weight of the reverse KL from the experience-free (B-half) policy to itself prompted with the experiences (0 = off; needs actors.ab_groups).")
-    edge_gain_threshold: float = Field(0.0, description="EDGE: distil a group only when its A half beat its B half by more than this (success rate or mean return).")
-    edge_gain_metric: Literal["success", "return"] = Field("success", description="EDGE: the gain compares A/B success rates or mean episode returns.")
+    edge_distill_coef: float = Field(
+        0.0,
+        ge=0,
+        description="EDGE: weight of the reverse KL from the experience-free (B-half) policy to itself prompted with the experiences (0 = off; needs actors.ab_groups).",
+    )
+    edge_gain_threshold: float = Field(
+        0.0,
+        description="EDGE: distil a group only when its A half beat its B half by more than this (success rate or mean return).",
+    )
+    edge_gain_metric: Literal["success", "return"] = Field(
+        "success", description="EDGE: the gain compares A/B success rates or mean episode returns."
+    )
     max_staleness: int = Field(4, ge=0, description="Steps more than this many versions old are dropped.")
-    behav_weight_cap: float = Field(5.0, gt=0, description="Decoupled PPO: cap of the behaviour-to-proximal importance weight.")
-    mini_batches: int = Field(4, ge=1, description="PPO mini-batches per learner batch: one optimizer step each (rows dealt at random).")
-    ppo_epochs: int = Field(1, ge=1, description="Passes over a learner batch's mini-batches (optimizer steps = mini_batches x ppo_epochs).")
-    micro_batch_tokens: int = Field(4096, ge=16, description="Token budget per micro-batch (gradient accumulation across them).")
+    behav_weight_cap: float = Field(
+        5.0, gt=0, description="Decoupled PPO: cap of the behaviour-to-proximal importance weight."
+    )
+    mini_batches: int = Field(
+        4, ge=1, description="PPO mini-batches per learner batch: one optimizer step each (rows dealt at random)."
+    )
+    ppo_epochs: int = Field(
+        1, ge=1, description="Passes over a learner batch's mini-batches (optimizer steps = mini_batches x ppo_epochs)."
+    )
+    micro_batch_tokens: int = Field(
+        4096, ge=16, description="Token budget per micro-batch (gradient accumulation across them)."
+    )
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage.")
     group_timeout_s: float = Field(600.0, gt=0, description="Groups not complete after this long are dropped.")
     checkpoint_every: int = Field(10, ge=1, description="Checkpoint every N learner steps (and on shutdown).")
     max_steps: int = Field(100, ge=1, description="Learner steps in the run.")
-    num_ranks: int = Field(1, ge=1, description="Learner processes (data-parallel DeepSpeed ranks); rank 0 reads the stream.")
+    num_ranks: int = Field(
+        1, ge=1, description="Learner processes (data-parallel DeepSpeed ranks); rank 0 reads the stream."
+    )
     num_cpus: float = Field(1.0, gt=0, description="Ray CPUs for each learner rank (on CPU also its torch threads).")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs for each learner rank.")
-    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources pinning each learner rank.")
-    weight_transport: Literal["object_store", "collective"] = Field("object_store", description="New weights reach vLLM engines via the Ray object store, or broadcast on a gloo/NCCL group per engine (transformers engines always use the object store).")
-    weight_push_timeout_s: float = Field(120.0, gt=0, description="Collective transport: longest wait for an engine to join or take a version before it is dropped.")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources pinning each learner rank."
+    )
+    weight_transport: Literal["object_store", "collective"] = Field(
+        "object_store",
+        description="New weights reach vLLM engines via the Ray object store, or broadcast on a gloo/NCCL group per engine (transformers engines always use the object store).",
+    )
+    weight_push_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="Collective transport: longest wait for an engine to join or take a version before it is dropped.",
+    )
 
 
 class LibraryConfig(_Section):
@@ -155,8 +237,12 @@ class LibraryConfig(_Section):
     k_warnings: int = Field(1, ge=0, le=32, description="Warnings injected per step.")
     max_tokens: int = Field(200, ge=1, le=4096, description="Token budget of injected experiences.")
     delta: float = Field(0.85, ge=-1, le=1, description="Cosine similarity to join an existing cluster.")
-    group_instance_numbers: bool = Field(False, description="Treat 'countertop 1' and 'countertop 2' states as one structural key.")
-    max_clusters: int = Field(20_000, ge=1, description="Clusters per task type; the least used is evicted beyond this.")
+    group_instance_numbers: bool = Field(
+        False, description="Treat 'countertop 1' and 'countertop 2' states as one structural key."
+    )
+    max_clusters: int = Field(
+        20_000, ge=1, description="Clusters per task type; the least used is evicted beyond this."
+    )
     strategy_capacity: dict[str, int] = Field(
         default_factory=lambda: {"principle": 100, "method": 100, "example": 100}, description="E+ capacity per level."
     )
@@ -170,52 +256,124 @@ class LibraryConfig(_Section):
     window_versions: int = Field(1, ge=1, description="Extraction window length in learner versions.")
     warmup_versions: int = Field(5, ge=0, description="No injection before this many versions ...")
     warmup_experiences: int = Field(10, ge=0, description="... or before the library holds this many experiences.")
-    extractor: Literal["rules", "llm"] = Field("rules", description="Distil episodes by deterministic rules or by an LLM.")
-    extractor_endpoint: str | None = Field(None, description="OpenAI-compatible endpoint for the llm extractor; null uses the local model.")
+    extractor: Literal["rules", "llm"] = Field(
+        "rules", description="Distil episodes by deterministic rules or by an LLM."
+    )
+    extractor_endpoint: str | None = Field(
+        None, description="OpenAI-compatible endpoint for the llm extractor; null uses the local model."
+    )
     snapshot_every: int = Field(10, ge=1, description="Snapshot every N library versions (and on shutdown).")
     replicas: int = Field(1, ge=1, description="Ray Serve replicas of the retrieval app.")
     max_replicas: int = Field(4, ge=1, description="Serve autoscaling upper bound.")
     http_port: int = Field(8000, ge=0, le=65535, description="Ray Serve HTTP port (0 = no HTTP).")
-    http_host: str = Field("127.0.0.1", description="Address Serve's HTTP proxy listens on; 0.0.0.0 opens it to other machines (the cluster config does).")
-    max_ongoing_requests: int = Field(8, ge=1, description="Requests one Serve replica works on at once; more wait in the caller's queue.")
-    max_queued_requests: int = Field(32, ge=1, description="Requests each caller (HTTP proxy, actor handle) queues for the app; more get 503 'dropped due to backpressure'.")
+    http_host: str = Field(
+        "127.0.0.1",
+        description="Address Serve's HTTP proxy listens on; 0.0.0.0 opens it to other machines (the cluster config does).",
+    )
+    max_ongoing_requests: int = Field(
+        8, ge=1, description="Requests one Serve replica works on at once; more wait in the caller's queue."
+    )
+    max_queued_requests: int = Field(
+        32,
+        ge=1,
+        description="Requests each caller (HTTP proxy, actor handle) queues for the app; more get 503 'dropped due to backpressure'.",
+    )
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources pinning the library.")
-    window_seconds: float | None = Field(None, gt=0, description="Extraction window as wall time instead of learner versions (null = versions).")
-    dedup_threshold: float = Field(0.85, ge=-1, le=1, description="Cosine similarity at which a candidate merges into an item of its zone.")
-    utility_rate: float = Field(0.2, gt=0, le=1, description="EDGE utility: weight of the newest outcome difference in the exponential average.")
-    prune_min_exposures: int = Field(8, ge=1, description="A-half episodes an item must have been shown in, in A/B groups with matched B episodes (its utility's sample), before it can be pruned.")
-    prune_utility_at_or_below: float = Field(-0.25, ge=-1, le=1, description="EDGE pruning: an item whose utility is at or below this for prune_windows consecutive evaluated windows is pruned.")
-    prune_windows: int = Field(2, ge=1, description="EDGE pruning: consecutive windows with A/B evidence the utility must stay at or below the threshold.")
-    embedding_model: str | None = Field(None, description="sentence-transformers model folder; null uses the shipped all-MiniLM-L6-v2 package.")
-    embedding_cache_size: int = Field(8192, ge=0, description="Observation embeddings kept in an LRU cache (text -> vector; model-fixed, version-independent).")
-    extractor_model: str | None = Field(None, description="Local model of the llm extractor (same forms as model.name); null uses model.name.")
-    extractor_endpoint_model: str = Field("default", description="'model' field sent to the OpenAI-compatible extractor endpoint.")
-    extractor_max_new_tokens: int = Field(256, ge=16, le=4096, description="Generation budget of one extraction (Prompt B or C).")
-    snapshot_max_age_s: float = Field(60.0, gt=0, description="Snapshot at least this often while processed entries await their ack.")
-    max_batch_observations: int = Field(256, ge=1, le=4096, description="Observations per retrieve_batch request (larger requests get 4xx).")
-    max_observation_chars: int = Field(16_384, ge=64, description="Characters per observation in a retrieval request (longer get 4xx).")
-    max_request_bytes: int = Field(4_000_000, ge=1024, description="HTTP request body limit of the retrieval app (larger get 413).")
-    target_ongoing_requests: float = Field(4.0, gt=0, description="Serve autoscaling: in-flight requests per replica to aim for.")
+    window_seconds: float | None = Field(
+        None, gt=0, description="Extraction window as wall time instead of learner versions (null = versions)."
+    )
+    dedup_threshold: float = Field(
+        0.85, ge=-1, le=1, description="Cosine similarity at which a candidate merges into an item of its zone."
+    )
+    utility_rate: float = Field(
+        0.2, gt=0, le=1, description="EDGE utility: weight of the newest outcome difference in the exponential average."
+    )
+    prune_min_exposures: int = Field(
+        8,
+        ge=1,
+        description="A-half episodes an item must have been shown in, in A/B groups with matched B episodes (its utility's sample), before it can be pruned.",
+    )
+    prune_utility_at_or_below: float = Field(
+        -0.25,
+        ge=-1,
+        le=1,
+        description="EDGE pruning: an item whose utility is at or below this for prune_windows consecutive evaluated windows is pruned.",
+    )
+    prune_windows: int = Field(
+        2,
+        ge=1,
+        description="EDGE pruning: consecutive windows with A/B evidence the utility must stay at or below the threshold.",
+    )
+    embedding_model: str | None = Field(
+        None, description="sentence-transformers model folder; null uses the shipped all-MiniLM-L6-v2 package."
+    )
+    embedding_cache_size: int = Field(
+        8192,
+        ge=0,
+        description="Observation embeddings kept in an LRU cache (text -> vector; model-fixed, version-independent).",
+    )
+    extractor_model: str | None = Field(
+        None, description="Local model of the llm extractor (same forms as model.name); null uses model.name."
+    )
+    extractor_endpoint_model: str = Field(
+        "default", description="'model' field sent to the OpenAI-compatible extractor endpoint."
+    )
+    extractor_max_new_tokens: int = Field(
+        256, ge=16, le=4096, description="Generation budget of one extraction (Prompt B or C)."
+    )
+    snapshot_max_age_s: float = Field(
+        60.0, gt=0, description="Snapshot at least this often while processed entries await their ack."
+    )
+    max_batch_observations: int = Field(
+        256, ge=1, le=4096, description="Observations per retrieve_batch request (larger requests get 4xx)."
+    )
+    max_observation_chars: int = Field(
+        16_384, ge=64, description="Characters per observation in a retrieval request (longer get 4xx)."
+    )
+    max_request_bytes: int = Field(
+        4_000_000, ge=1024, description="HTTP request body limit of the retrieval app (larger get 413)."
+    )
+    target_ongoing_requests: float = Field(
+        4.0, gt=0, description="Serve autoscaling: in-flight requests per replica to aim for."
+    )
 
     @model_validator(mode="after")
-    def _target_within_bound(self) -> "LibraryConfig":
+    def _target_within_bound(self) -> LibraryConfig:
         if self.target_ongoing_requests > self.max_ongoing_requests:
-            raise ValueError(f"target_ongoing_requests ({self.target_ongoing_requests}) must not exceed "
-                             f"max_ongoing_requests ({self.max_ongoing_requests}): replicas could never reach it")
+            raise ValueError(
+                f"target_ongoing_requests ({self.target_ongoing_requests}) must not exceed "
+                f"max_ongoing_requests ({self.max_ongoing_requests}): replicas could never reach it"
+            )
         return self
 
 
 class MonitoringConfig(_Section):
-    metrics_port: int | None = Field(None, ge=0, le=65535, description="prometheus-client HTTP port outside Ray (null = none, 0 = any free port).")
-    metrics_host: str = Field("127.0.0.1", description="Address the prometheus-client port listens on; 0.0.0.0 lets another machine's Prometheus scrape it.")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="prometheus-client HTTP port outside Ray (null = none, 0 = any free port)."
+    )
+    metrics_host: str = Field(
+        "127.0.0.1",
+        description="Address the prometheus-client port listens on; 0.0.0.0 lets another machine's Prometheus scrape it.",
+    )
     tensorboard: bool = Field(True, description="Write TensorBoard event files into the run directory.")
     plots: bool = Field(True, description="Write PNG plots into the run directory as the run goes.")
 
 
 class EvalConfig(_Section):
-    every: int = Field(0, ge=0, description="Held-out panel evaluation every N learner steps, plus before the first and after the last (0 = never).")
-    before_training: bool = Field(True, description="Also evaluate the policy before the first update (false: runs of one comparison share one baseline evaluation of the base model).")
-    panel_size: int | None = Field(None, ge=1, description="Panel tasks played while training (null = envs.panel_size); training holds out the larger of the two.")
+    every: int = Field(
+        0,
+        ge=0,
+        description="Held-out panel evaluation every N learner steps, plus before the first and after the last (0 = never).",
+    )
+    before_training: bool = Field(
+        True,
+        description="Also evaluate the policy before the first update (false: runs of one comparison share one baseline evaluation of the base model).",
+    )
+    panel_size: int | None = Field(
+        None,
+        ge=1,
+        description="Panel tasks played while training (null = envs.panel_size); training holds out the larger of the two.",
+    )
     samples_per_task: int = Field(2, ge=1, description="Sampled episodes per panel task (plus one greedy).")
     library: bool = Field(True, description="Also play with the run's live library, when the run has one.")
     max_batch: int = Field(16, ge=1, description="Generations batched together by the evaluator's engine.")
@@ -259,22 +417,28 @@ class SleaConfig(_Section):
                 continue  # pydantic reports the malformed section itself
             if key in section and section[key] != value:
                 cause = f"run.preset={run.get('preset', 'slea')}" if dotted not in EDGE_KEYS else "run.edge=true"
-                raise ValueError(f"{cause} fixes {dotted}={value!r}, but the config sets {dotted}={section[key]!r}; "
-                                     f"drop one of them (run.preset=custom fixes nothing)")
+                raise ValueError(
+                    f"{cause} fixes {dotted}={value!r}, but the config sets {dotted}={section[key]!r}; "
+                    f"drop one of them (run.preset=custom fixes nothing)"
+                )
             section[key] = value
         if run.get("edge"):
             tree.setdefault("learner", {}).setdefault("edge_distill_coef", EDGE_DEFAULT_DISTILL_COEF)
         return tree
 
     @model_validator(mode="after")
-    def _edge_is_possible(self) -> "SleaConfig":
+    def _edge_is_possible(self) -> SleaConfig:
         if self.run.edge:
             if not self.library.enabled or self.actors.retrieval_mode == "none":
-                raise ValueError("run.edge needs the experience library (library.enabled and a retrieval_mode other than "
-                                 f"'none'); preset '{self.run.preset}' has none: use preset slea or task_retrieval")
+                raise ValueError(
+                    "run.edge needs the experience library (library.enabled and a retrieval_mode other than "
+                    f"'none'); preset '{self.run.preset}' has none: use preset slea or task_retrieval"
+                )
             if self.actors.group_size < 2:
-                raise ValueError("run.edge needs actors.group_size >= 2: a group is split into a half with and a half "
-                                 "without experiences")
+                raise ValueError(
+                    "run.edge needs actors.group_size >= 2: a group is split into a half with and a half "
+                    "without experiences"
+                )
         return self
 
     def held_out_panel_size(self) -> int:
@@ -309,7 +473,7 @@ def _describe(error: dict[str, Any]) -> str:
 
 
 def _did_you_mean(loc: tuple) -> str:
-    """" (did you mean 'learner.gamma'?)" for an unknown key close to a real one of its section."""
+    """ " (did you mean 'learner.gamma'?)" for an unknown key close to a real one of its section."""
     model: type[BaseModel] = SleaConfig
     for part in loc[:-1]:
         field = model.model_fields.get(str(part))
@@ -358,7 +522,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Sl
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""
-            raise ConfigError(f"config file '{path}' is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+            raise ConfigError(
+                f"config file '{path}' is not valid YAML{where}: {getattr(exc, 'problem', exc)}"
+            ) from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file '{path}' must be a mapping of sections, got {type(loaded).__name__}")
         tree = loaded or {}
@@ -378,12 +544,16 @@ def check_trainable(config: SleaConfig) -> None:
     log-probs of `logits / T` over the whole vocabulary with the behaviour log-probs the actors
     recorded, so the actors must sample exactly that distribution."""
     if config.model.temperature <= 0:
-        raise ConfigError(f"model.temperature={config.model.temperature} is greedy decoding: training needs a sampled "
-                          "policy (temperature > 0); greedy stays available for evaluation (slea eval)")
+        raise ConfigError(
+            f"model.temperature={config.model.temperature} is greedy decoding: training needs a sampled "
+            "policy (temperature > 0); greedy stays available for evaluation (slea eval)"
+        )
     if config.model.top_p < 1:
-        raise ConfigError(f"model.top_p={config.model.top_p}: the learner scores the untruncated distribution at "
-                          "model.temperature, so nucleus-truncated samples would get wrong importance weights; "
-                          "train with top_p 1.0")
+        raise ConfigError(
+            f"model.top_p={config.model.top_p}: the learner scores the untruncated distribution at "
+            "model.temperature, so nucleus-truncated samples would get wrong importance weights; "
+            "train with top_p 1.0"
+        )
 
 
 def dump_config(config: SleaConfig) -> str:

@@ -29,8 +29,14 @@ class RedisServerMissing(RuntimeError):
 class EmbeddedRedis:
     """`with EmbeddedRedis() as server: server.url` — the server lives exactly as long as the block."""
 
-    def __init__(self, data_dir: str | Path | None = None, *, appendonly: bool = True, port: int | None = None,
-                 extra_args: list[str] = ()):
+    def __init__(
+        self,
+        data_dir: str | Path | None = None,
+        *,
+        appendonly: bool = True,
+        port: int | None = None,
+        extra_args: list[str] = (),
+    ):
         binary = shutil.which("redis-server")
         if binary is None:
             raise RedisServerMissing(INSTALL_HINT)
@@ -48,20 +54,40 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 10.0) -> "EmbeddedRedis":
+    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
         command = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.data_dir),
-            "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
-            "--save", "", "--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning",
-            "--logfile", str(self.data_dir / "redis.log"), *self.extra_args,
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+            "--protected-mode",
+            "yes",
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+            "--logfile",
+            str(self.data_dir / "redis.log"),
+            *self.extra_args,
         ]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 error = self.process.stderr.read().decode(errors="replace").strip() if self.process.stderr else ""
-                log = (self.data_dir / "redis.log")
+                log = self.data_dir / "redis.log"
                 detail = error or (log.read_text()[-500:] if log.exists() else "")
                 raise RuntimeError(f"redis-server exited with code {self.process.returncode}: {detail}")
             try:
@@ -90,7 +116,7 @@ class EmbeddedRedis:
         self.stop(remove_data=False)
         self.start()
 
-    def __enter__(self) -> "EmbeddedRedis":
+    def __enter__(self) -> EmbeddedRedis:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:

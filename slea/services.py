@@ -25,8 +25,10 @@ def prepare_run_dir(config: SleaConfig, resume_dir: str | None = None) -> Path:
             raise FileNotFoundError(f"{resume_dir} holds run '{config.run.id}' at {run_dir}; resume it from there")
         return run_dir
     if run_dir.exists() and any(run_dir.iterdir()):
-        raise FileExistsError(f"run directory {run_dir} exists: continue it with --resume {run_dir}, "
-                              f"or choose another run.id (--set run.id=...)")
+        raise FileExistsError(
+            f"run directory {run_dir} exists: continue it with --resume {run_dir}, "
+            f"or choose another run.id (--set run.id=...)"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(config))
     return run_dir

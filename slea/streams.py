@@ -62,8 +62,13 @@ class StreamProducer:
         ids: list[str] = []
         for start in range(0, len(payloads), self.batch_size):
             batch = payloads[start : start + self.batch_size]
-            ids.extend(with_reconnect(lambda: self._xadd_batch(batch), max_wait_s=self.reconnect_max_s,
-                                      on_retry=self._reconnects.inc))
+            ids.extend(
+                with_reconnect(
+                    lambda batch=batch: self._xadd_batch(batch),
+                    max_wait_s=self.reconnect_max_s,
+                    on_retry=self._reconnects.inc,
+                )
+            )
             self._produced.inc(len(batch))
             self._bytes.inc(sum(len(payload) for payload in batch))
         return ids
@@ -150,14 +155,22 @@ class StreamConsumer:
         this re-read already counted as a delivery, so more than max_deliveries means poison."""
         counts = {
             entry["message_id"]: entry["times_delivered"]
-            for entry in self.client.xpending_range(self.stream, self.group, min=entries[0][0], max=entries[-1][0],
-                                                    count=len(entries), consumername=self.consumer)
+            for entry in self.client.xpending_range(
+                self.stream,
+                self.group,
+                min=entries[0][0],
+                max=entries[-1][0],
+                count=len(entries),
+                consumername=self.consumer,
+            )
         }
         kept = []
         for raw_id, fields in entries:
             delivered = counts.get(raw_id, 0)
             if delivered > self.max_deliveries and fields is not None:
-                self._dead_letter(raw_id.decode(), fields.get(PAYLOAD_FIELD, b""), f"delivered {delivered} times without ack")
+                self._dead_letter(
+                    raw_id.decode(), fields.get(PAYLOAD_FIELD, b""), f"delivered {delivered} times without ack"
+                )
             else:
                 kept.append((raw_id, fields))
         return kept
@@ -220,10 +233,19 @@ class StreamConsumer:
         exactly: dead letters are rare, so the exact trim costs nothing), then ack it so the group
         moves on."""
         pipe = self.client.pipeline(transaction=True)
-        pipe.xadd(self.dead_letter_key, {
-            "source_stream": self.stream, "source_id": entry_id, "group": self.group,
-            "reason": reason, "payload": payload, "at": str(time.time()),
-        }, maxlen=self.dead_letter_maxlen, approximate=False)
+        pipe.xadd(
+            self.dead_letter_key,
+            {
+                "source_stream": self.stream,
+                "source_id": entry_id,
+                "group": self.group,
+                "reason": reason,
+                "payload": payload,
+                "at": str(time.time()),
+            },
+            maxlen=self.dead_letter_maxlen,
+            approximate=False,
+        )
         pipe.xack(self.stream, self.group, entry_id)
         pipe.execute()
         kind = reason.split(":", 1)[0] if reason.startswith("malformed") else "max_deliveries"

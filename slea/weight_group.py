@@ -37,8 +37,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def plan_buckets(state_dict: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[dict]:
+def plan_buckets(
+    state_dict: dict[str, torch.Tensor], dtype: torch.dtype | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> list[dict]:
     """Group the (deduplicated) tensors into buckets of one dtype and at most `bucket_bytes`
     each (a larger tensor gets a bucket of its own). `dtype`: send everything in it (the
     engine's dtype), else each tensor's own."""
@@ -73,8 +74,15 @@ class WeightGroup:
     """One rank's end of a weight-transfer group. Rank 0 (the learner) passes `port=0` and reads
     the port it got from `.port` (use `host_store` to know it before the others join)."""
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int, backend: str, timeout_s: float,
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+        device: torch.device | str = "cpu",
+    ):
         timeout = timedelta(seconds=timeout_s)
         self.rank, self.world_size, self.backend, self.device = rank, world_size, backend, torch.device(device)
         self.timeout = timeout
@@ -131,7 +139,9 @@ def send_weights(group: WeightGroup, state_dict: dict[str, torch.Tensor], plan: 
     """Rank 0: broadcast every bucket of `plan`, flattened, on the group's device."""
     for bucket in plan:
         dtype = getattr(torch, bucket["dtype"])
-        flat = torch.cat([state_dict[name].detach().reshape(-1).to(group.device, dtype) for name, _ in bucket["tensors"]])
+        flat = torch.cat(
+            [state_dict[name].detach().reshape(-1).to(group.device, dtype) for name, _ in bucket["tensors"]]
+        )
         group.broadcast(flat)
 
 
@@ -147,6 +157,6 @@ def receive_weights(group: WeightGroup, plan: list[dict]) -> list[tuple[str, tor
         offset = 0
         for name, shape in bucket["tensors"]:
             count = _numel(shape)
-            received.append((name, flat[offset:offset + count].view(shape)))
+            received.append((name, flat[offset : offset + count].view(shape)))
             offset += count
     return received

@@ -62,6 +62,6 @@ def listening_addresses(port: int) -> set[str]:
                 continue
             raw = bytes.fromhex(address_hex)
             # The kernel prints each 32-bit word in host (little-endian) order.
-            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
             found.add(str(ipaddress.ip_address(raw)))
     return found

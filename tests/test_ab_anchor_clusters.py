@@ -42,14 +42,17 @@ def lake_library(redis_server, policy_tokenizer):
     """A frozenlake task, a library past warm-up holding one lesson for its start board, and the app serving it."""
     client = redis.Redis.from_url(redis_server.url)
     client.flushall()
-    config = SleaConfig.model_validate({"run": {"id": "abclusters"},
-                                        "library": {"warmup_versions": 0, "warmup_experiences": 0, "http_port": 0}})
+    config = SleaConfig.model_validate(
+        {"run": {"id": "abclusters"}, "library": {"warmup_versions": 0, "warmup_experiences": 0, "http_port": 0}}
+    )
     env = make_env("frozenlake", max_steps=BUDGET)
     task = env.make_task(0, split="train")
     start_board = env.reset(task).observation.anchor_obs
     library = Library(config.library, Embedder(), policy_tokenizer=policy_tokenizer)
-    library.admit([Candidate(STRATEGY, "method", LESSON, "", task.task_type, [start_board], 0.9, ["ep"])],
-                  {STRATEGY: 1, WARNING: 0})
+    library.admit(
+        [Candidate(STRATEGY, "method", LESSON, "", task.task_type, [start_board], 0.9, ["ep"])],
+        {STRATEGY: 1, WARNING: 0},
+    )
     library.commit()
     Publisher(client, config.run.id).start(snapshot_text(library, []))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -68,11 +71,24 @@ def test_both_halves_record_the_cluster_and_only_the_a_half_is_shown_experiences
     builder = PromptBuilder(tokenizer)
 
     async def play_group():
-        halves = [EpisodeSpec("abclusters", task, "g", "g-0", BUDGET, True, "step"),
-                  EpisodeSpec("abclusters", task, "g", "g-1", BUDGET, False, "step", hidden_retrieval=True)]
-        results = await asyncio.gather(*(play_episode(spec, make_env("frozenlake", max_steps=BUDGET), engine, builder,
-                                                      retrieval, lambda _record: None, keep_records=True)
-                                         for spec in halves))
+        halves = [
+            EpisodeSpec("abclusters", task, "g", "g-0", BUDGET, True, "step"),
+            EpisodeSpec("abclusters", task, "g", "g-1", BUDGET, False, "step", hidden_retrieval=True),
+        ]
+        results = await asyncio.gather(
+            *(
+                play_episode(
+                    spec,
+                    make_env("frozenlake", max_steps=BUDGET),
+                    engine,
+                    builder,
+                    retrieval,
+                    lambda _record: None,
+                    keep_records=True,
+                )
+                for spec in halves
+            )
+        )
         return [result.records for result in results]
 
     try:

@@ -5,11 +5,10 @@ import sys
 
 import pytest
 
-from slea.run_outputs import read_metrics
-
+from slea.driver.run_outputs import read_metrics
 
 pytestmark = pytest.mark.slow
-SLEA = [sys.executable, "-m", "slea.cli"]
+SLEA = [sys.executable, "-m", "slea.driver.cli"]
 
 
 def train(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -19,15 +18,50 @@ def train(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 
 
 def test_train_writes_a_complete_run_and_resume_continues_the_version_line(tmp_path, tiny_model_dir):
-    train("configs/local.yaml", "--set", f"run.dir={tmp_path}", "--set", "run.id=e2e", "--set", f"model.name={tiny_model_dir}",
-          "--set", "model.max_new_tokens=8", "--set", "learner.max_steps=3", "--set", "learner.checkpoint_every=2",
-          "--set", "envs.max_steps=3", "--set", "envs.panel_size=4", "--set", "actors.group_size=2",
-          "--set", "learner.tasks_per_step=1", "--set", "library.snapshot_every=1",
-          "--set", "eval.every=2", "--set", "eval.panel_size=2", "--set", "eval.samples_per_task=1")
+    train(
+        "configs/local.yaml",
+        "--set",
+        f"run.dir={tmp_path}",
+        "--set",
+        "run.id=e2e",
+        "--set",
+        f"model.name={tiny_model_dir}",
+        "--set",
+        "model.max_new_tokens=8",
+        "--set",
+        "learner.max_steps=3",
+        "--set",
+        "learner.checkpoint_every=2",
+        "--set",
+        "envs.max_steps=3",
+        "--set",
+        "envs.panel_size=4",
+        "--set",
+        "actors.group_size=2",
+        "--set",
+        "learner.tasks_per_step=1",
+        "--set",
+        "library.snapshot_every=1",
+        "--set",
+        "eval.every=2",
+        "--set",
+        "eval.panel_size=2",
+        "--set",
+        "eval.samples_per_task=1",
+    )
     run_dir = tmp_path / "e2e"
-    for part in ("config.yaml", "metrics.jsonl", "tensorboard", "plots/success_rate.png", "plots/stream_lag.png",
-                 "plots/library_size.png", "plots/eval_success.png", "learner/checkpoints/latest", "library/snapshots",
-                 "redis"):
+    for part in (
+        "config.yaml",
+        "metrics.jsonl",
+        "tensorboard",
+        "plots/success_rate.png",
+        "plots/stream_lag.png",
+        "plots/library_size.png",
+        "plots/eval_success.png",
+        "learner/checkpoints/latest",
+        "library/snapshots",
+        "redis",
+    ):
         assert (run_dir / part).exists(), f"run directory lacks {part}"
     assert list((run_dir / "tensorboard").iterdir()), "no TensorBoard event file"
     steps = [line for line in read_metrics(run_dir) if "learner/policy_version" in line]
@@ -38,7 +72,9 @@ def test_train_writes_a_complete_run_and_resume_continues_the_version_line(tmp_p
     evaluated = {line["step"]: line for line in read_metrics(run_dir) if "eval/success_rate" in line}
     assert {0, 3} <= set(evaluated) <= {0, 2, 3}
     assert evaluated[0]["eval/policy_version"] == 0 and evaluated[3]["eval/policy_version"] == 3
-    assert "eval/sampled/library/success_rate" in evaluated[3] and "eval/sampled/no_library/success_rate" in evaluated[3]
+    assert (
+        "eval/sampled/library/success_rate" in evaluated[3] and "eval/sampled/no_library/success_rate" in evaluated[3]
+    )
     assert len(list((run_dir / "eval").glob("step-*/report.json"))) == len(evaluated)
 
     train("--resume", str(run_dir), "--set", "learner.max_steps=5")
@@ -51,6 +87,10 @@ def test_train_writes_a_complete_run_and_resume_continues_the_version_line(tmp_p
 def test_a_second_run_with_the_same_id_is_refused(tmp_path):
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "config.yaml").write_text("{}")
-    result = subprocess.run([*SLEA, "train", "configs/local.yaml", "--set", f"run.dir={tmp_path}", "--set", "run.id=taken"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [*SLEA, "train", "configs/local.yaml", "--set", f"run.dir={tmp_path}", "--set", "run.id=taken"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and "--resume" in result.stderr.strip().splitlines()[-1]

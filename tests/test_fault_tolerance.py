@@ -39,7 +39,7 @@ def entry_key(entry_id: str) -> tuple[int, int]:
 
 
 class Run:
-    """The components of one run, started as slea/train.py starts them, plus the levers to break them."""
+    """The components of one run, started as slea/driver/train.py starts them, plus the levers to break them."""
 
     def __init__(self, config, run_dir):
         self.config, self.run_dir = config, run_dir
@@ -73,7 +73,7 @@ class Run:
         return sum(summary["retrieval_misses"] for summary in self.pool.summaries())
 
     def stop(self) -> None:
-        """Graceful order of slea/train.py: no new groups -> learner checkpoint -> library snapshot."""
+        """Graceful order of slea/driver/train.py: no new groups -> learner checkpoint -> library snapshot."""
         self.pool.stop()
         self.learner.stop.remote()
         ray.get(self.learner_run, timeout=120)
@@ -83,8 +83,11 @@ class Run:
 
 
 def library_replicas() -> list[str]:
-    return [actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
-            if actor["namespace"] == "serve" and "REPLICA" in actor["name"] and LIBRARY_APP in actor["name"]]
+    return [
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["namespace"] == "serve" and "REPLICA" in actor["name"] and LIBRARY_APP in actor["name"]
+    ]
 
 
 def learner_metrics(run) -> list[dict]:
@@ -105,13 +108,30 @@ def lineage(trace: list[dict]) -> list[dict]:
 @pytest.fixture
 def faulty_run(tmp_path, tiny_model_dir):
     server = EmbeddedRedis(tmp_path / "redis", appendonly=True).start()
-    config = load_config("configs/local.yaml", [
-        f"run.dir={tmp_path}", "run.id=faults", f"redis.url={server.url}", f"model.name={tiny_model_dir}",
-        "model.max_new_tokens=8", "envs.max_steps=3", "envs.panel_size=4", "actors.num_workers=2",
-        "actors.envs_per_worker=2", "actors.group_size=2", "actors.num_cpus=0.5", "actors.max_staleness=1000",
-        "actors.retrieval_timeout_s=0.5", "learner.tasks_per_step=1", "learner.checkpoint_every=2",
-        "learner.max_steps=1000", "learner.max_staleness=1000", "library.snapshot_every=1", "library.http_port=0",
-    ])
+    config = load_config(
+        "configs/local.yaml",
+        [
+            f"run.dir={tmp_path}",
+            "run.id=faults",
+            f"redis.url={server.url}",
+            f"model.name={tiny_model_dir}",
+            "model.max_new_tokens=8",
+            "envs.max_steps=3",
+            "envs.panel_size=4",
+            "actors.num_workers=2",
+            "actors.envs_per_worker=2",
+            "actors.group_size=2",
+            "actors.num_cpus=0.5",
+            "actors.max_staleness=1000",
+            "actors.retrieval_timeout_s=0.5",
+            "learner.tasks_per_step=1",
+            "learner.checkpoint_every=2",
+            "learner.max_steps=1000",
+            "learner.max_staleness=1000",
+            "library.snapshot_every=1",
+            "library.http_port=0",
+        ],
+    )
     client = connect(config.redis)
     for group in STREAM_GROUPS:
         ensure_group(client, config.stream_key(), group)
@@ -132,8 +152,10 @@ def test_killing_every_component_loses_nothing_and_trains_nothing_twice(faulty_r
 
     # 1. An actor worker dies mid-episode; Ray restarts it and its successor marks the half episodes.
     ray.kill(run.pool.workers[0], no_restart=False)
-    run.wait(lambda: any(decode(fields[PAYLOAD_FIELD]).abandoned for _id, fields in client.xrange(stream)),
-             "the restarted worker's abandon markers")
+    run.wait(
+        lambda: any(decode(fields[PAYLOAD_FIELD]).abandoned for _id, fields in client.xrange(stream)),
+        "the restarted worker's abandon markers",
+    )
     run.wait(lambda: any(line["groups_dropped_abandoned"] for line in learner_metrics(run)), "the learner to drop them")
 
     # 2. The learner dies between checkpoints (every 2 steps: an odd version is published, not saved);
@@ -151,8 +173,13 @@ def test_killing_every_component_loses_nothing_and_trains_nothing_twice(faulty_r
     misses_before = run.retrieval_misses()
     ray.kill(ray.get_actor(old_replicas[0], namespace="serve"), no_restart=True)
     run.wait(lambda: run.retrieval_misses() > misses_before, "retrieval misses while the replica is down")
-    run.wait(lambda: (set(library_replicas()) - set(old_replicas))
-             and serve.status().applications[LIBRARY_APP].status == "RUNNING", "Serve to replace the replica")
+    run.wait(
+        lambda: (
+            (set(library_replicas()) - set(old_replicas))
+            and serve.status().applications[LIBRARY_APP].status == "RUNNING"
+        ),
+        "Serve to replace the replica",
+    )
 
     # 4. Redis goes away for a few seconds and comes back from its AOF: nothing written before is
     # lost, every component reconnects.
@@ -192,11 +219,18 @@ def check_the_counts(run, client, stream):
     for record in records.values():
         if not record.abandoned:
             steps[record.group_id].setdefault(record.episode_id, {})[record.step] = record
-    complete = {(group_id, episode_id) for group_id, episodes in steps.items() for episode_id, held in episodes.items()
-                if sorted(held) == list(range(len(held))) and held[len(held) - 1].done}
+    complete = {
+        (group_id, episode_id)
+        for group_id, episodes in steps.items()
+        for episode_id, held in episodes.items()
+        if sorted(held) == list(range(len(held))) and held[len(held) - 1].done
+    }
     abandoned = {record.group_id for record in records.values() if record.abandoned}
-    cut_short = {record.group_id for record in records.values()
-                 if record.abandoned and (record.group_id, record.episode_id) not in complete}
+    cut_short = {
+        record.group_id
+        for record in records.values()
+        if record.abandoned and (record.group_id, record.episode_id) not in complete
+    }
     assert cut_short and not cut_short & set(trained), "an abandoned episode was trained on"
     for group_id in trained:
         assert {(group_id, episode_id) for episode_id in steps[group_id]} <= complete

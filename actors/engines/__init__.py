@@ -5,8 +5,15 @@ from __future__ import annotations
 from actors.engines.base import Generation, GenerationEngine, SamplingSettings
 
 
-def make_engine(kind: str, model_name: str, sampling: SamplingSettings, *, dtype: str = "float32",
-                max_batch: int = 8, engine_args: dict | None = None) -> GenerationEngine:
+def make_engine(
+    kind: str,
+    model_name: str,
+    sampling: SamplingSettings,
+    *,
+    dtype: str = "float32",
+    max_batch: int = 8,
+    engine_args: dict | None = None,
+) -> GenerationEngine:
     """The engine named by `actors.engine`, loading `model.name`."""
     if kind == "transformers":
         from actors.engines.transformers_engine import TransformersEngine

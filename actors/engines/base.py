@@ -58,7 +58,7 @@ class GenerationEngine(ABC):
         """Stage new weights; they take effect before the next generation starts. The state dict
         names exactly the model's tensors (see `check_weight_names`)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a default no-op, not abstract: most need nothing)
         """Release the engine's resources."""
 
 
@@ -71,8 +71,10 @@ def check_weight_names(given: Iterable[str], expected: Iterable[str], tied: Iter
     given, expected = set(given) - tied, set(expected) - tied
     missing, unexpected = sorted(expected - given), sorted(given - expected)
     if missing or unexpected:
-        raise ValueError(f"weights do not match the model, nothing was loaded: missing {_listed(missing)}, "
-                         f"unexpected {_listed(unexpected)} (the learner and the actors must load the same architecture)")
+        raise ValueError(
+            f"weights do not match the model, nothing was loaded: missing {_listed(missing)}, "
+            f"unexpected {_listed(unexpected)} (the learner and the actors must load the same architecture)"
+        )
 
 
 def _listed(names: list[str], most: int = 10) -> str:

@@ -20,8 +20,16 @@ from slea.models import load_model
 
 
 class TransformersEngine(GenerationEngine):
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sampling: SamplingSettings,
-                 *, max_batch: int = 8, version: int = 0, seed: int = 0):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        sampling: SamplingSettings,
+        *,
+        max_batch: int = 8,
+        version: int = 0,
+        seed: int = 0,
+    ):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.sampling = sampling
@@ -72,10 +80,18 @@ class TransformersEngine(GenerationEngine):
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
         greedy = self.sampling.temperature <= 0
         output = self.model.generate(
-            input_ids=input_ids, attention_mask=attention, do_sample=not greedy,
-            temperature=None if greedy else self.sampling.temperature, top_p=None if greedy else self.sampling.top_p,
-            top_k=None, max_new_tokens=self.sampling.max_new_tokens, stop_strings=list(self.sampling.stop) or None,
-            tokenizer=self.tokenizer, pad_token_id=pad, output_logits=True, return_dict_in_generate=True,
+            input_ids=input_ids,
+            attention_mask=attention,
+            do_sample=not greedy,
+            temperature=None if greedy else self.sampling.temperature,
+            top_p=None if greedy else self.sampling.top_p,
+            top_k=None,
+            max_new_tokens=self.sampling.max_new_tokens,
+            stop_strings=list(self.sampling.stop) or None,
+            tokenizer=self.tokenizer,
+            pad_token_id=pad,
+            output_logits=True,
+            return_dict_in_generate=True,
         )
         new_tokens = output.sequences[:, width:]
         scale = 1.0 if greedy else self.sampling.temperature
@@ -97,9 +113,11 @@ class TransformersEngine(GenerationEngine):
             end, reason = stop_end, "stop"
         response = tokens[:end]
         return Generation(
-            prompt_ids=list(prompt), response_ids=np.asarray(response, dtype=np.int32),
+            prompt_ids=list(prompt),
+            response_ids=np.asarray(response, dtype=np.int32),
             logprobs=np.asarray(logprobs[:end], dtype=np.float32),
-            text=self.tokenizer.decode(response, skip_special_tokens=True), policy_version=self._version,
+            text=self.tokenizer.decode(response, skip_special_tokens=True),
+            policy_version=self._version,
             finish_reason=reason,
         )
 

@@ -37,15 +37,27 @@ WORKER_EXTENSION = "actors.engines.vllm_worker.WeightLoader"
 
 
 class VllmEngine(GenerationEngine):
-    def __init__(self, checkpoint: str, sampling: SamplingSettings, *, dtype: str = "float32",
-                 engine_args: dict | None = None, seed: int = 0):
+    def __init__(
+        self,
+        checkpoint: str,
+        sampling: SamplingSettings,
+        *,
+        dtype: str = "float32",
+        engine_args: dict | None = None,
+        seed: int = 0,
+    ):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.tokenizer = load_tokenizer(checkpoint)
         self.sampling = sampling
-        args = {"max_model_len": 4096, "enforce_eager": True, "seed": seed, **(engine_args or {}),
-                "logprobs_mode": "processed_logprobs"}  # not overridable: the learner's ratios depend on it
+        args = {
+            "max_model_len": 4096,
+            "enforce_eager": True,
+            "seed": seed,
+            **(engine_args or {}),
+            "logprobs_mode": "processed_logprobs",
+        }  # not overridable: the learner's ratios depend on it
         self._args = AsyncEngineArgs(model=checkpoint, dtype=dtype, worker_extension_cls=WORKER_EXTENSION, **args)
         self._engine_factory = AsyncLLM.from_engine_args
         self._engine = None  # created inside the event loop that uses it
@@ -59,7 +71,9 @@ class VllmEngine(GenerationEngine):
         self._loop_thread: threading.Thread | None = None
 
     @classmethod
-    def from_name(cls, name: str, sampling: SamplingSettings, *, dtype: str = "float32", engine_args: dict | None = None):
+    def from_name(
+        cls, name: str, sampling: SamplingSettings, *, dtype: str = "float32", engine_args: dict | None = None
+    ):
         return cls(resolve_checkpoint(name), sampling, dtype=dtype, engine_args=engine_args)
 
     @property
@@ -71,9 +85,13 @@ class VllmEngine(GenerationEngine):
 
         greedy = self.sampling.temperature <= 0
         return SamplingParams(
-            temperature=0.0 if greedy else self.sampling.temperature, top_p=1.0 if greedy else self.sampling.top_p,
-            max_tokens=self.sampling.max_new_tokens, stop=list(self.sampling.stop), include_stop_str_in_output=True,
-            logprobs=0, skip_special_tokens=True,
+            temperature=0.0 if greedy else self.sampling.temperature,
+            top_p=1.0 if greedy else self.sampling.top_p,
+            max_tokens=self.sampling.max_new_tokens,
+            stop=list(self.sampling.stop),
+            include_stop_str_in_output=True,
+            logprobs=0,
+            skip_special_tokens=True,
         )
 
     async def _ready(self) -> None:
@@ -94,8 +112,11 @@ class VllmEngine(GenerationEngine):
             version = self._version
         try:
             final = None
-            async for output in self._engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)),
-                                                      self._sampling_params(), request_id=f"slea-{next(self._request_ids)}"):
+            async for output in self._engine.generate(
+                TokensPrompt(prompt_token_ids=list(prompt_ids)),
+                self._sampling_params(),
+                request_id=f"slea-{next(self._request_ids)}",
+            ):
                 final = output
         finally:
             async with self._idle:
@@ -105,8 +126,11 @@ class VllmEngine(GenerationEngine):
         token_ids = list(completion.token_ids)
         logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs, token_ids)]
         return Generation(
-            prompt_ids=list(prompt_ids), response_ids=np.asarray(token_ids, dtype=np.int32),
-            logprobs=np.asarray(logprobs, dtype=np.float32), text=completion.text, policy_version=version,
+            prompt_ids=list(prompt_ids),
+            response_ids=np.asarray(token_ids, dtype=np.int32),
+            logprobs=np.asarray(logprobs, dtype=np.float32),
+            text=completion.text,
+            policy_version=version,
             finish_reason="length" if completion.finish_reason == "length" else "stop",
         )
 
@@ -141,8 +165,9 @@ class VllmEngine(GenerationEngine):
         """Every worker joins the learner's weight group (rank 0 is the learner); returns the
         model dtype the learner should send."""
         await self._ready()
-        replies = await self._engine.collective_rpc("slea_init_weight_group",
-                                                    args=(host, port, world_size, backend, timeout_s))
+        replies = await self._engine.collective_rpc(
+            "slea_init_weight_group", args=(host, port, world_size, backend, timeout_s)
+        )
         return {"dtype": replies[0]["dtype"], "ranks": sorted(reply["rank"] for reply in replies)}
 
     async def receive_weights(self, plan: list[dict], version: int) -> None:

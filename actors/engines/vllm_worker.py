@@ -64,8 +64,11 @@ class WeightLoader:
             with torch.device("meta"):
                 model = AutoModelForCausalLM.from_config(self.model_config.hf_config)
             first: dict[int, str] = {}
-            tied = {name for name, parameter in model.named_parameters(remove_duplicate=False)
-                    if first.setdefault(id(parameter), name) != name}
+            tied = {
+                name
+                for name, parameter in model.named_parameters(remove_duplicate=False)
+                if first.setdefault(id(parameter), name) != name
+            }
             names = self._slea_names = (frozenset(model.state_dict()), frozenset(tied))
         return names
 

@@ -109,7 +109,7 @@ class TextEnv(ABC):
         """The action of a planner/expert for the current state (None if the env has none)."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a default no-op, not abstract: most need nothing)
         """Release engine resources."""
 
     def fingerprint(self, task: EnvTask) -> str:

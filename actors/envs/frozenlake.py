@@ -49,8 +49,13 @@ class FrozenLakeTextEnv(TextEnv):
 
     def make_task(self, seed: int, split: str) -> EnvTask:
         size = random.Random(seed).choice(_lake_params(self.params)[0])
-        return EnvTask(env_name=self.name, task_id=f"{self.name}/{split}/{seed}", task_type=f"lake_{size}x{size}",
-                       seed=seed, params=dict(self.params))
+        return EnvTask(
+            env_name=self.name,
+            task_id=f"{self.name}/{split}/{seed}",
+            task_type=f"lake_{size}x{size}",
+            seed=seed,
+            params=dict(self.params),
+        )
 
     def fingerprint(self, task: EnvTask) -> str:
         # A 4x4 lake has few layouts: many seeds draw the same board.
@@ -65,16 +70,19 @@ class FrozenLakeTextEnv(TextEnv):
         self.steps_taken = 0
         self.done = False
         slippery = " The ice is slippery: you may slide sideways." if _lake_params(task.params)[2] else ""
-        task_text = ("You are on a frozen lake. Walk to the goal G without falling into a hole O. "
-                     f"P is you, _ is safe ice.{slippery} Move with left, down, right or up.")
+        task_text = (
+            "You are on a frozen lake. Walk to the goal G without falling into a hole O. "
+            f"P is you, _ is safe ice.{slippery} Move with left, down, right or up."
+        )
         return ResetOutcome(observation=self._observe(), task_text=task_text, task_type=task.task_type)
 
     def step(self, action: str | None) -> StepOutcome:
         if self.lake is None:
             raise RuntimeError("FrozenLakeTextEnv.step() before reset(): reset the env with a task first")
         if self.done:
-            return StepOutcome(self._observe(NOTHING_HAPPENS), 0.0, True, False, False,
-                               {"error": "episode is over; reset the env"})
+            return StepOutcome(
+                self._observe(NOTHING_HAPPENS), 0.0, True, False, False, {"error": "episode is over; reset the env"}
+            )
         self.steps_taken += 1
         move = (action or "").strip().lower()
         valid = move in ACTIONS
@@ -84,8 +92,14 @@ class FrozenLakeTextEnv(TextEnv):
             won = reward > 0
             fell = terminated and not won
         self.done = won or fell or self.steps_taken >= self.max_steps
-        return StepOutcome(self._observe("" if valid else NOTHING_HAPPENS), float(reward), self.done, won, valid,
-                           {"fell_in_hole": fell})
+        return StepOutcome(
+            self._observe("" if valid else NOTHING_HAPPENS),
+            float(reward),
+            self.done,
+            won,
+            valid,
+            {"fell_in_hole": fell},
+        )
 
     def expert_action(self) -> str | None:
         """First move of a shortest safe path (BFS); re-planned every step, so it copes with slipping."""
@@ -122,5 +136,8 @@ class FrozenLakeTextEnv(TextEnv):
 
     def _observe(self, prefix: str = "") -> EnvObservation:
         board = self.board_text()
-        return EnvObservation(text=f"{prefix}\n{board}" if prefix else board, anchor_obs=board,
-                              admissible_actions=[] if self.done else list(ACTIONS))
+        return EnvObservation(
+            text=f"{prefix}\n{board}" if prefix else board,
+            anchor_obs=board,
+            admissible_actions=[] if self.done else list(ACTIONS),
+        )

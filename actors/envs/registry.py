@@ -7,7 +7,8 @@ Built-in envs register themselves on import; a user adds one by writing an adapt
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from actors.envs.base import TextEnv
 
@@ -58,8 +59,9 @@ def env_class(name: str, plugins: dict[str, str] | None = None) -> type[TextEnv]
     return _REGISTRY[name]
 
 
-def make_env(name: str, params: dict[str, Any] | None = None, max_steps: int | None = None,
-             plugins: dict[str, str] | None = None) -> TextEnv:
+def make_env(
+    name: str, params: dict[str, Any] | None = None, max_steps: int | None = None, plugins: dict[str, str] | None = None
+) -> TextEnv:
     return env_class(name, plugins)(params=params, max_steps=max_steps)
 
 

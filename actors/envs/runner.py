@@ -25,13 +25,18 @@ class EnvUnavailableError(RuntimeError):
     """An env whose module cannot be imported here (e.g. an optional dependency is missing)."""
 
 
-def load_env(env_name: str, params: dict[str, Any] | None = None, max_steps: int | None = None,
-             plugins: dict[str, str] | None = None) -> TextEnv:
+def load_env(
+    env_name: str,
+    params: dict[str, Any] | None = None,
+    max_steps: int | None = None,
+    plugins: dict[str, str] | None = None,
+) -> TextEnv:
     try:
         return make_env(env_name, params=params, max_steps=max_steps, plugins=plugins)
     except ImportError as error:
         raise EnvUnavailableError(
-            f"env '{env_name}' is not available: {error}. Install its dependencies or pick another env.") from error
+            f"env '{env_name}' is not available: {error}. Install its dependencies or pick another env."
+        ) from error
 
 
 def random_action(observation: EnvObservation, rng: random.Random) -> str:
@@ -50,9 +55,16 @@ def _has_expert(env: TextEnv) -> bool:
     return type(env).expert_action is not TextEnv.expert_action
 
 
-def play(env_name: str, policy: str = "expert", episodes: int = 10, seed: int = 0,
-         params: dict[str, Any] | None = None, max_steps: int | None = None, panel: str | None = None,
-         plugins: dict[str, str] | None = None) -> dict[str, Any]:
+def play(
+    env_name: str,
+    policy: str = "expert",
+    episodes: int = 10,
+    seed: int = 0,
+    params: dict[str, Any] | None = None,
+    max_steps: int | None = None,
+    panel: str | None = None,
+    plugins: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Play `episodes` episodes of training tasks (or of evaluation panel `panel`) with the expert or random policy.
 
     Returns success rate, mean reward, mean steps, invalid-action rate and env steps/s, overall and per task type.
@@ -111,9 +123,15 @@ def _summarise(results: list[dict[str, float]]) -> dict[str, Any]:
     }
 
 
-def bench_env(env_name: str, resets: int = 50, steps: int = 500, seed: int = 0,
-              params: dict[str, Any] | None = None, plugins: dict[str, str] | None = None,
-              budget_s: float = 20.0) -> dict[str, Any]:
+def bench_env(
+    env_name: str,
+    resets: int = 50,
+    steps: int = 500,
+    seed: int = 0,
+    params: dict[str, Any] | None = None,
+    plugins: dict[str, str] | None = None,
+    budget_s: float = 20.0,
+) -> dict[str, Any]:
     """Reset and step throughput of one env under a random admissible policy.
 
     Tasks come straight from make_task (no fingerprinting), so envs that cache generated games
@@ -155,15 +173,20 @@ def bench_env(env_name: str, resets: int = 50, steps: int = 500, seed: int = 0,
     }
 
 
-def bench_envs(names: list[str] | None = None, resets: int = 50, steps: int = 500, seed: int = 0,
-               params_by_env: dict[str, dict[str, Any]] | None = None,
-               plugins: dict[str, str] | None = None, budget_s: float = 20.0) -> dict[str, Any]:
+def bench_envs(
+    names: list[str] | None = None,
+    resets: int = 50,
+    steps: int = 500,
+    seed: int = 0,
+    params_by_env: dict[str, dict[str, Any]] | None = None,
+    plugins: dict[str, str] | None = None,
+    budget_s: float = 20.0,
+) -> dict[str, Any]:
     """bench_env for each env (default: every built-in); an env that cannot be imported is reported as skipped."""
     results: dict[str, Any] = {}
     for name in names or builtin_env_names():
         try:
-            results[name] = bench_env(name, resets, steps, seed, (params_by_env or {}).get(name), plugins,
-                                      budget_s)
+            results[name] = bench_env(name, resets, steps, seed, (params_by_env or {}).get(name), plugins, budget_s)
         except EnvUnavailableError as error:
             results[name] = {"skipped": str(error)}
     return {"seed": seed, "envs": results}

@@ -68,8 +68,9 @@ DIFFICULTIES: dict[str, dict[str, dict[str, Any]]] = {
         "custom": {"nb_rooms": 10, "nb_objects": 20, "quest_length": 8},
     },
 }
-_REQUEST_INFOS = textworld.EnvInfos(admissible_commands=True, policy_commands=True, won=True, lost=True,
-                                    score=True, max_score=True, objective=True)
+_REQUEST_INFOS = textworld.EnvInfos(
+    admissible_commands=True, policy_commands=True, won=True, lost=True, score=True, max_score=True, objective=True
+)
 
 
 def cache_dir() -> Path:
@@ -192,8 +193,10 @@ class TextWorldGamesEnv(TextEnv):
             raise ValueError(f"textworld: difficulty must be one of {list(DIFFICULTIES)}, got {self.difficulty!r}")
         self._task_types = tuple(self.params.get("task_types") or TASK_TYPES)
         if set(self._task_types) - set(TASK_TYPES):
-            raise ValueError(f"textworld: unknown task types {sorted(set(self._task_types) - set(TASK_TYPES))}; "
-                             f"known: {list(TASK_TYPES)}")
+            raise ValueError(
+                f"textworld: unknown task types {sorted(set(self._task_types) - set(TASK_TYPES))}; "
+                f"known: {list(TASK_TYPES)}"
+            )
         self._engine: textworld.Environment | None = None
         self._loaded: Path | None = None
         self._state: textworld.GameState | None = None
@@ -241,8 +244,14 @@ class TextWorldGamesEnv(TextEnv):
         if self._state is None:
             raise RuntimeError("textworld: step() before reset()")
         if self._done:
-            return StepOutcome(self._observation(NOTHING_HAPPENS), 0.0, True, bool(self._state["won"]), False,
-                               info={"episode_over": True})
+            return StepOutcome(
+                self._observation(NOTHING_HAPPENS),
+                0.0,
+                True,
+                bool(self._state["won"]),
+                False,
+                info={"episode_over": True},
+            )
         command = _match_admissible(action, self._admissible)
         valid = command is not None
         self._steps += 1

@@ -109,16 +109,25 @@ def check_settings(settings: PanelSettings) -> None:
         raise ValueError(f"episodes per task must be at least 1, got {settings.samples_per_task}")
     too_big_k = [k for k in settings.ks if not 1 <= k <= settings.samples_per_task]
     if too_big_k:
-        raise ValueError(f"k values {too_big_k} need 1 <= k <= episodes per task ({settings.samples_per_task}); "
-                         "play more episodes per task or drop them")
+        raise ValueError(
+            f"k values {too_big_k} need 1 <= k <= episodes per task ({settings.samples_per_task}); "
+            "play more episodes per task or drop them"
+        )
     too_big_t = [t for t in settings.budgets if not 1 <= t <= settings.step_budget]
     if too_big_t:
         raise ValueError(f"step budgets T {too_big_t} need 1 <= T <= the episode step budget ({settings.step_budget})")
 
 
-async def play_panel(engine: GenerationEngine, make_env: Callable[[], TextEnv], tasks: list[EnvTask],
-                     builder: PromptBuilder, retrieval: RetrievalClient | None, settings: PanelSettings,
-                     library_note: str, env_pool: list[TextEnv] | None = None) -> PanelResult:
+async def play_panel(
+    engine: GenerationEngine,
+    make_env: Callable[[], TextEnv],
+    tasks: list[EnvTask],
+    builder: PromptBuilder,
+    retrieval: RetrievalClient | None,
+    settings: PanelSettings,
+    library_note: str,
+    env_pool: list[TextEnv] | None = None,
+) -> PanelResult:
     """Play `tasks` in every mode; with-library rows are marked unavailable when `retrieval` is None."""
     check_settings(settings)
     if not tasks:
@@ -135,10 +144,15 @@ async def play_panel(engine: GenerationEngine, make_env: Callable[[], TextEnv], 
     base_sampling = engine.sampling
 
     async def play(task: EnvTask, decoding: str, library: bool, sample: int, timers: StepTimers) -> EpisodeOutcome:
-        spec = EpisodeSpec(run_id="eval", task=task, group_id=f"eval-{task.task_id}",
-                           episode_id=f"eval-{decoding}-{int(library)}-{sample}-{task.task_id}",
-                           step_budget=settings.step_budget, with_experience=library,
-                           retrieval_mode=settings.retrieval_mode)
+        spec = EpisodeSpec(
+            run_id="eval",
+            task=task,
+            group_id=f"eval-{task.task_id}",
+            episode_id=f"eval-{decoding}-{int(library)}-{sample}-{task.task_id}",
+            step_budget=settings.step_budget,
+            with_experience=library,
+            retrieval_mode=settings.retrieval_mode,
+        )
         injected = 0
 
         def count(record: StepRecord) -> None:
@@ -151,8 +165,17 @@ async def play_panel(engine: GenerationEngine, make_env: Callable[[], TextEnv], 
                 result = await play_episode(spec, env, engine, builder, retrieval if library else None, count, timers)
             finally:
                 envs.append(env)
-        return EpisodeOutcome(task.task_id, task.task_type, decoding, library, sample, result.steps, result.success,
-                              result.invalid_steps, injected)
+        return EpisodeOutcome(
+            task.task_id,
+            task.task_type,
+            decoding,
+            library,
+            sample,
+            result.steps,
+            result.success,
+            result.invalid_steps,
+            injected,
+        )
 
     try:
         for decoding in DECODINGS:
@@ -161,9 +184,14 @@ async def play_panel(engine: GenerationEngine, make_env: Callable[[], TextEnv], 
             episodes_per_task = settings.samples_per_task if decoding == "sampled" else 1
             timers = StepTimers()
             started = time.perf_counter()
-            outcomes += await asyncio.gather(*(play(task, decoding, library, sample, timers)
-                                               for library in library_modes for task in tasks
-                                               for sample in range(episodes_per_task)))
+            outcomes += await asyncio.gather(
+                *(
+                    play(task, decoding, library, sample, timers)
+                    for library in library_modes
+                    for task in tasks
+                    for sample in range(episodes_per_task)
+                )
+            )
             wall_s[decoding] = time.perf_counter() - started
             tokens[decoding] = timers.tokens
     finally:
@@ -176,10 +204,23 @@ async def play_panel(engine: GenerationEngine, make_env: Callable[[], TextEnv], 
     task_types = defaultdict(int)
     for task in tasks:
         task_types[task.task_type] += 1
-    rows = [summarise_mode(outcomes, decoding, library, settings, retrieval is not None, library_note)
-            for library in (False, True) for decoding in DECODINGS]
-    return PanelResult(settings, rows, outcomes, dict(task_types), library_note, retrievals, misses, wall_s, tokens,
-                       engine.policy_version)
+    rows = [
+        summarise_mode(outcomes, decoding, library, settings, retrieval is not None, library_note)
+        for library in (False, True)
+        for decoding in DECODINGS
+    ]
+    return PanelResult(
+        settings,
+        rows,
+        outcomes,
+        dict(task_types),
+        library_note,
+        retrievals,
+        misses,
+        wall_s,
+        tokens,
+        engine.policy_version,
+    )
 
 
 def _retrieval_calls(outcomes: list[EpisodeOutcome], mode: str) -> int:
@@ -188,8 +229,14 @@ def _retrieval_calls(outcomes: list[EpisodeOutcome], mode: str) -> int:
     return sum(o.steps for o in with_library) if mode == "step" else len(with_library)
 
 
-def summarise_mode(outcomes: list[EpisodeOutcome], decoding: str, library: bool, settings: PanelSettings,
-                   library_available: bool, library_note: str) -> ModeSummary:
+def summarise_mode(
+    outcomes: list[EpisodeOutcome],
+    decoding: str,
+    library: bool,
+    settings: PanelSettings,
+    library_available: bool,
+    library_note: str,
+) -> ModeSummary:
     """One report row from the episodes of that decoding and library mode (pure: testable by hand)."""
     if library and not library_available:
         return ModeSummary(decoding, library, available=False, note=f"not played: {library_note}")
@@ -200,17 +247,24 @@ def summarise_mode(outcomes: list[EpisodeOutcome], decoding: str, library: bool,
     for outcome in mine:
         by_type[outcome.task_type].append(outcome.success)
     row = ModeSummary(
-        decoding, library, available=True, note="", episodes=len(mine), success_rate=len(won) / len(mine),
+        decoding,
+        library,
+        available=True,
+        note="",
+        episodes=len(mine),
+        success_rate=len(won) / len(mine),
         success_by_task_type={task_type: float(np.mean(wins)) for task_type, wins in sorted(by_type.items())},
-        mean_steps=steps / len(mine), mean_steps_success=float(np.mean([o.steps for o in won])) if won else None,
+        mean_steps=steps / len(mine),
+        mean_steps_success=float(np.mean([o.steps for o in won])) if won else None,
         invalid_action_rate=sum(o.invalid_steps for o in mine) / max(steps, 1),
         injected_step_fraction=sum(o.injected_steps for o in mine) / max(steps, 1),
     )
     if library and row.injected_step_fraction == 0:
         row.note = "the library answered but injected no experience (empty, still warming up, or every call missed)"
     if decoding == "sampled":
-        row.pass_grid = pass_at_k_t_grid(_steps_matrix(mine, settings.samples_per_task), settings.ks,
-                                         settings.budgets).tolist()
+        row.pass_grid = pass_at_k_t_grid(
+            _steps_matrix(mine, settings.samples_per_task), settings.ks, settings.budgets
+        ).tolist()
     return row
 
 

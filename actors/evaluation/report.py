@@ -28,8 +28,9 @@ def row_label(row: ModeSummary) -> str:
 def report_dict(result: PanelResult, facts: dict) -> dict:
     """The whole report as JSON-ready data: `facts` (model, env, panel...) plus what was measured.
     A fact overrides the engine's policy version (a reloaded checkpoint knows its own)."""
-    tokens_per_s = {phase: result.generated_tokens[phase] / seconds
-                    for phase, seconds in result.wall_s.items() if seconds > 0}
+    tokens_per_s = {
+        phase: result.generated_tokens[phase] / seconds for phase, seconds in result.wall_s.items() if seconds > 0
+    }
     return {
         "policy_version": result.policy_version,
         **facts,
@@ -64,12 +65,15 @@ def markdown(report: dict) -> str:
         f"- episodes per task: {settings['samples_per_task']} sampled at temperature {settings['temperature']}, 1 greedy;"
         f" step budget {settings['step_budget']}",
         f"- library: {report['library']}"
-        + (f" ({report['retrievals']} retrievals, {report['retrieval_misses']} missed)" if report["retrievals"] else ""),
+        + (
+            f" ({report['retrievals']} retrievals, {report['retrieval_misses']} missed)" if report["retrievals"] else ""
+        ),
         "",
         "## Success",
         "",
         "| decoding | library | episodes | success | mean steps | mean steps (won) | invalid actions | steps with experiences | "
-        + " | ".join(types) + " |",
+        + " | ".join(types)
+        + " |",
         "|" + "---|" * (8 + len(types)),
     ]
     for row in report["rows"]:
@@ -78,12 +82,33 @@ def markdown(report: dict) -> str:
             lines.append(f"| {row['decoding']} | {library} | {row['note']} |" + " |" * (5 + len(types)))
             continue
         by_type = [_fmt(row["success_by_task_type"].get(t), percent=True) for t in types]
-        lines.append(" | ".join([
-            f"| {row['decoding']}", library, str(row["episodes"]), _fmt(row["success_rate"], True),
-            _fmt(row["mean_steps"]), _fmt(row["mean_steps_success"]), _fmt(row["invalid_action_rate"], True),
-            _fmt(row["injected_step_fraction"], True), *by_type]) + " |")
-    notes = [f"- {row['decoding']}, with library: {row['note']}" for row in report["rows"] if row["available"] and row["note"]]
-    lines += ["", *notes, *([""] if notes else []), f"## Pass@(k,T) (sampled, n = {settings['samples_per_task']} per task)"]
+        lines.append(
+            " | ".join(
+                [
+                    f"| {row['decoding']}",
+                    library,
+                    str(row["episodes"]),
+                    _fmt(row["success_rate"], True),
+                    _fmt(row["mean_steps"]),
+                    _fmt(row["mean_steps_success"]),
+                    _fmt(row["invalid_action_rate"], True),
+                    _fmt(row["injected_step_fraction"], True),
+                    *by_type,
+                ]
+            )
+            + " |"
+        )
+    notes = [
+        f"- {row['decoding']}, with library: {row['note']}"
+        for row in report["rows"]
+        if row["available"] and row["note"]
+    ]
+    lines += [
+        "",
+        *notes,
+        *([""] if notes else []),
+        f"## Pass@(k,T) (sampled, n = {settings['samples_per_task']} per task)",
+    ]
     for row in report["rows"]:
         if row["decoding"] != "sampled":
             continue
@@ -107,8 +132,12 @@ def plot_success(report: dict, path: Path) -> None:
     width = 0.8 / len(rows)
     for index, row in enumerate(rows):
         values = [row["success_by_task_type"].get(t, 0.0) for t in types[:-1]] + [row["success_rate"]]
-        axes.bar(np.arange(len(types)) + (index - (len(rows) - 1) / 2) * width, values, width,
-                 label=f"{row['decoding']}, {'with' if row['library'] else 'without'} library")
+        axes.bar(
+            np.arange(len(types)) + (index - (len(rows) - 1) / 2) * width,
+            values,
+            width,
+            label=f"{row['decoding']}, {'with' if row['library'] else 'without'} library",
+        )
     axes.set_xticks(np.arange(len(types)), types, rotation=20, ha="right")
     axes.set_ylim(0, 1)
     axes.set_ylabel("success rate")
@@ -141,8 +170,12 @@ def write_report(result: PanelResult, facts: dict, out_dir: str | Path) -> dict[
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     report = report_dict(result, facts)
-    files = {"markdown": out / REPORT_MD, "json": out / REPORT_JSON, "success_plot": out / SUCCESS_PNG,
-             "pass_plot": out / PASS_PNG}
+    files = {
+        "markdown": out / REPORT_MD,
+        "json": out / REPORT_JSON,
+        "success_plot": out / SUCCESS_PNG,
+        "pass_plot": out / PASS_PNG,
+    }
     files["markdown"].write_text(markdown(report))
     files["json"].write_text(json.dumps(report, indent=2))
     plot_success(report, files["success_plot"])

@@ -12,7 +12,7 @@ import json
 import re
 import urllib.request
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 from pydantic import BaseModel
 
@@ -41,8 +41,9 @@ class TransformersChat:
         self.guided = guided
 
     def __call__(self, prompt: str, item_type: type[BaseModel]) -> str:
-        text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                  tokenize=False)
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
         if not self.guided:
             return self._continue(text, self.max_new_tokens, stop=None)
         answer = "[{"
@@ -65,9 +66,14 @@ class TransformersChat:
         inputs = self.tokenizer(text, return_tensors="pt", add_special_tokens=False)
         options = {"stop_strings": [stop], "tokenizer": self.tokenizer} if stop else {}
         with torch.no_grad():
-            output = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                                         pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id, **options)
-        return self.tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+            output = self.model.generate(
+                **inputs,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+                **options,
+            )
+        return self.tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 class EndpointChat:
@@ -83,10 +89,15 @@ class EndpointChat:
     def __call__(self, prompt: str, item_type: type[BaseModel]) -> str:
         # vLLM and other servers honour a JSON schema here; the parser still checks the answer.
         schema = {"type": "array", "maxItems": parse.MAX_ITEMS, "items": item_type.model_json_schema()}
-        body = json.dumps({"model": self.model, "messages": [{"role": "user", "content": prompt}],
-                           "max_tokens": self.max_new_tokens, "temperature": 0.0,
-                           "response_format": {"type": "json_schema", "json_schema": {"name": "lessons", "schema": schema}},
-                           }).encode()
+        body = json.dumps(
+            {
+                "model": self.model,
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": self.max_new_tokens,
+                "temperature": 0.0,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "lessons", "schema": schema}},
+            }
+        ).encode()
         request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
             reply = json.loads(response.read())
@@ -105,15 +116,24 @@ class LLMExtractor:
         self.last_answer = ""  # the most recent raw model answer (for logs and tests)
 
     def distil_success(self, episode: Episode, existing: list[str]) -> list[Candidate]:
-        return self._run("B", prompts.prompt_b(episode, existing), parse.StrategyItem,
-                         lambda text: parse.parse_strategies(text, episode))
+        return self._run(
+            "B",
+            prompts.prompt_b(episode, existing),
+            parse.StrategyItem,
+            lambda text: parse.parse_strategies(text, episode),
+        )
 
     def distil_failure(self, episode: Episode, reference: Episode | None) -> list[Candidate]:
-        return self._run("C", prompts.prompt_c(episode, reference), parse.WarningItem,
-                         lambda text: parse.parse_warnings(text, episode))
+        return self._run(
+            "C",
+            prompts.prompt_c(episode, reference),
+            parse.WarningItem,
+            lambda text: parse.parse_warnings(text, episode),
+        )
 
-    def _run(self, prompt_name: str, prompt: str, item_type: type[BaseModel],
-             parse_answer: Callable[[str], list[Candidate]]) -> list[Candidate]:
+    def _run(
+        self, prompt_name: str, prompt: str, item_type: type[BaseModel], parse_answer: Callable[[str], list[Candidate]]
+    ) -> list[Candidate]:
         self.calls[prompt_name] += 1
         self.last_answer = self.generate(prompt, item_type)
         try:
@@ -132,7 +152,9 @@ def build_extractor(cfg, model_name: str):
     if cfg.extractor == "rules":
         return RulesExtractor()
     if cfg.extractor_endpoint:
-        return LLMExtractor(EndpointChat(cfg.extractor_endpoint, cfg.extractor_endpoint_model, cfg.extractor_max_new_tokens))
+        return LLMExtractor(
+            EndpointChat(cfg.extractor_endpoint, cfg.extractor_endpoint_model, cfg.extractor_max_new_tokens)
+        )
     from slea.models import load_model
 
     model, tokenizer = load_model(cfg.extractor_model or model_name)

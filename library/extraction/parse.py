@@ -71,14 +71,36 @@ def _items(text: str, item_type: type[BaseModel], episode: Episode) -> list:
 def parse_strategies(text: str, episode: Episode) -> list[Candidate]:
     """Prompt B answer -> strategy candidates (raises ExtractionRejected)."""
     score = episode_score(episode)
-    return [Candidate(STRATEGY, item.level, item.content, item.cue, episode.task_type,
-                      [episode.steps[item.step].anchor_obs], score, [episode.episode_id])
-            for item in _items(text, StrategyItem, episode)]
+    return [
+        Candidate(
+            STRATEGY,
+            item.level,
+            item.content,
+            item.cue,
+            episode.task_type,
+            [episode.steps[item.step].anchor_obs],
+            score,
+            [episode.episode_id],
+        )
+        for item in _items(text, StrategyItem, episode)
+    ]
 
 
 def parse_warnings(text: str, episode: Episode) -> list[Candidate]:
     """Prompt C answer -> warning candidates (raises ExtractionRejected)."""
     score = failure_severity(episode)
-    return [Candidate(WARNING, item.level, item.content, item.trigger, episode.task_type,
-                      [episode.steps[item.step].anchor_obs], score, [episode.episode_id], item.avoid, item.instead)
-            for item in _items(text, WarningItem, episode)]
+    return [
+        Candidate(
+            WARNING,
+            item.level,
+            item.content,
+            item.trigger,
+            episode.task_type,
+            [episode.steps[item.step].anchor_obs],
+            score,
+            [episode.episode_id],
+            item.avoid,
+            item.instead,
+        )
+        for item in _items(text, WarningItem, episode)
+    ]

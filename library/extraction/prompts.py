@@ -47,13 +47,21 @@ def format_trajectory(episode: Episode) -> str:
 
 def prompt_b(episode: Episode, existing: list[str]) -> str:
     """Prompt B: lessons from a success, given the strategies already indexed to its states."""
-    return PROMPT_B.format(task_type=episode.task_type, trajectory=format_trajectory(episode), steps=len(episode.steps),
-                           existing="\n".join(f"- {text}" for text in existing) or "- (none yet)")
+    return PROMPT_B.format(
+        task_type=episode.task_type,
+        trajectory=format_trajectory(episode),
+        steps=len(episode.steps),
+        existing="\n".join(f"- {text}" for text in existing) or "- (none yet)",
+    )
 
 
 def prompt_c(episode: Episode, reference: Episode | None) -> str:
     """Prompt C: warnings from a failure, with a success of the same group to contrast if there is one."""
-    contrast = ("A successful trajectory of the same task, for contrast:\n" + format_trajectory(reference)
-                if reference is not None else "No successful trajectory of this task is available.")
-    return PROMPT_C.format(task_type=episode.task_type, trajectory=format_trajectory(episode), steps=len(episode.steps),
-                           reference=contrast)
+    contrast = (
+        "A successful trajectory of the same task, for contrast:\n" + format_trajectory(reference)
+        if reference is not None
+        else "No successful trajectory of this task is available."
+    )
+    return PROMPT_C.format(
+        task_type=episode.task_type, trajectory=format_trajectory(episode), steps=len(episode.steps), reference=contrast
+    )

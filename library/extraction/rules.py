@@ -33,11 +33,26 @@ class RulesExtractor:
             return []
         score = episode_score(episode)
         first, last = episode.steps[0], episode.steps[-1]
-        plan = Candidate(STRATEGY, "method", f"A plan that solved this {episode.task_type} task: " + "; ".join(actions) + ".",
-                         _cue(first.anchor_obs), episode.task_type, [step.anchor_obs for step in episode.steps], score,
-                         [episode.episode_id])
-        finish = Candidate(STRATEGY, "example", f"In this state, '{last.action}' completed the task.", _cue(last.anchor_obs),
-                           episode.task_type, [last.anchor_obs], score, [episode.episode_id])
+        plan = Candidate(
+            STRATEGY,
+            "method",
+            f"A plan that solved this {episode.task_type} task: " + "; ".join(actions) + ".",
+            _cue(first.anchor_obs),
+            episode.task_type,
+            [step.anchor_obs for step in episode.steps],
+            score,
+            [episode.episode_id],
+        )
+        finish = Candidate(
+            STRATEGY,
+            "example",
+            f"In this state, '{last.action}' completed the task.",
+            _cue(last.anchor_obs),
+            episode.task_type,
+            [last.anchor_obs],
+            score,
+            [episode.episode_id],
+        )
         return [plan, finish] if last.action else [plan]
 
     def distil_failure(self, episode: Episode, reference: Episode | None) -> list[Candidate]:
@@ -45,13 +60,29 @@ class RulesExtractor:
         warnings: list[Candidate] = []
 
         def warn(level: str, content: str, steps: list, avoid: str) -> None:
-            warnings.append(Candidate(WARNING, level, content, _cue(steps[0].anchor_obs), episode.task_type,
-                                      [step.anchor_obs for step in steps], score, [episode.episode_id], avoid,
-                                      _reference_action(reference, steps[0].anchor_obs)))
+            warnings.append(
+                Candidate(
+                    WARNING,
+                    level,
+                    content,
+                    _cue(steps[0].anchor_obs),
+                    episode.task_type,
+                    [step.anchor_obs for step in steps],
+                    score,
+                    [episode.episode_id],
+                    avoid,
+                    _reference_action(reference, steps[0].anchor_obs),
+                )
+            )
 
         invalid = [step for step in episode.steps if not step.action_valid]
         if invalid:
-            warn("mistake", f"'{invalid[0].action}' was not a valid action in this state.", [invalid[0]], invalid[0].action)
+            warn(
+                "mistake",
+                f"'{invalid[0].action}' was not a valid action in this state.",
+                [invalid[0]],
+                invalid[0].action,
+            )
         repeats = Counter(step.action for step in episode.steps if step.action)
         if repeats:
             action, count = repeats.most_common(1)[0]
@@ -61,8 +92,12 @@ class RulesExtractor:
         tail = episode.steps[-3:]
         taken = "; ".join(step.action or "<no action>" for step in tail)
         budget = episode.steps[-1].step_budget or len(episode.steps)
-        warn("diagnostic", f"The episode failed after: {taken} (used {len(episode.steps)}/{budget} steps).", tail,
-             tail[-1].action)
+        warn(
+            "diagnostic",
+            f"The episode failed after: {taken} (used {len(episode.steps)}/{budget} steps).",
+            tail,
+            tail[-1].action,
+        )
         return warnings[:3]
 
 

@@ -29,8 +29,9 @@ class FixedEngine:
     async def generate(self, prompt_ids):
         self.prompts.append(list(prompt_ids))
         response = np.asarray(TOKENIZER.encode("<action>right</action>"), dtype=np.int32)
-        return Generation(list(prompt_ids), response, np.full(len(response), -0.5, np.float32),
-                          "<action>right</action>", 3, "stop")
+        return Generation(
+            list(prompt_ids), response, np.full(len(response), -0.5, np.float32), "<action>right</action>", 3, "stop"
+        )
 
 
 class OneLessonLibrary:

@@ -11,8 +11,15 @@ from actors.engines.base import SamplingSettings
 from actors.engines.transformers_engine import TransformersEngine
 from actors.envs.registry import make_env
 from actors.envs.tasks import panel_tasks
-from actors.evaluation.panel import EpisodeOutcome, PanelSettings, check_settings, default_budgets, default_ks, \
-    play_panel, summarise_mode
+from actors.evaluation.panel import (
+    EpisodeOutcome,
+    PanelSettings,
+    check_settings,
+    default_budgets,
+    default_ks,
+    play_panel,
+    summarise_mode,
+)
 from actors.evaluation.report import write_report
 from actors.prompts import PromptBuilder
 from slea.models import tiny_model
@@ -25,8 +32,10 @@ def outcome(task, task_type, sample, steps, success, invalid=0, injected=0, deco
 def test_a_row_summarises_its_episodes_by_hand():
     settings = PanelSettings(samples_per_task=2, step_budget=10, temperature=1.0, ks=[1, 2], budgets=[3, 10])
     outcomes = [
-        outcome("a", "pick", 0, 3, True, invalid=1), outcome("a", "pick", 1, 10, False, invalid=2),
-        outcome("b", "clean", 0, 7, True), outcome("b", "clean", 1, 10, False),
+        outcome("a", "pick", 0, 3, True, invalid=1),
+        outcome("a", "pick", 1, 10, False, invalid=2),
+        outcome("b", "clean", 0, 7, True),
+        outcome("b", "clean", 1, 10, False),
         outcome("a", "pick", 0, 2, True, decoding="greedy"),  # another row: ignored
     ]
     row = summarise_mode(outcomes, "sampled", False, settings, library_available=False, library_note="none")
@@ -36,8 +45,12 @@ def test_a_row_summarises_its_episodes_by_hand():
     assert row.invalid_action_rate == 3 / 30 and row.injected_step_fraction == 0.0
     # T=3: only task a's win counts (c = 1, 0); T=10: c = 1, 1. Pass@1 = c/2, Pass@2 = 1 when c >= 1.
     np.testing.assert_allclose(row.pass_grid, [[0.25, 0.5], [0.5, 1.0]])
-    unavailable = summarise_mode(outcomes, "sampled", True, settings, library_available=False, library_note="no snapshot")
-    assert not unavailable.available and unavailable.note == "not played: no snapshot" and unavailable.success_rate is None
+    unavailable = summarise_mode(
+        outcomes, "sampled", True, settings, library_available=False, library_note="no snapshot"
+    )
+    assert (
+        not unavailable.available and unavailable.note == "not played: no snapshot" and unavailable.success_rate is None
+    )
 
 
 def test_defaults_and_settings_checks():
@@ -66,8 +79,17 @@ def test_tiny_model_plays_a_frozenlake_panel_into_a_consistent_report(engine, tm
     generate_batch = engine.generate_batch
     engine.generate_batch = lambda prompts: batches.append(len(prompts)) or generate_batch(prompts)
     try:
-        result = asyncio.run(play_panel(engine, lambda: make_env("frozenlake", max_steps=3), tasks, builder, None,
-                                        settings, "no library in this test"))
+        result = asyncio.run(
+            play_panel(
+                engine,
+                lambda: make_env("frozenlake", max_steps=3),
+                tasks,
+                builder,
+                None,
+                settings,
+                "no library in this test",
+            )
+        )
     finally:
         del engine.generate_batch
     assert engine.sampling.temperature == 1.0  # restored after the greedy phase

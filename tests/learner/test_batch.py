@@ -20,7 +20,13 @@ def test_left_padded_logprobs_match_each_sequence_alone():
     model, _ = tiny_model()
     rng = np.random.default_rng(0)
     samples = [
-        TrainSample(rng.integers(0, 1000, p).astype(np.int32), rng.integers(0, 1000, r).astype(np.int32), np.zeros(r, np.float32), 1.0, 0)
+        TrainSample(
+            rng.integers(0, 1000, p).astype(np.int32),
+            rng.integers(0, 1000, r).astype(np.int32),
+            np.zeros(r, np.float32),
+            1.0,
+            0,
+        )
         for p, r in [(5, 3), (9, 1), (3, 6)]
     ]
     batch = collate(samples, pad_id=2)
@@ -29,8 +35,12 @@ def test_left_padded_logprobs_match_each_sequence_alone():
         batched = gather_logprobs(response_logits(model, batch), batch.response_ids)
         for row, sample in enumerate(samples):
             ids = torch.from_numpy(np.concatenate([sample.prompt_ids, sample.response_ids]).astype(np.int64))[None]
-            alone = gather_logprobs(model(ids).logits[0, len(sample.prompt_ids) - 1 : -1], ids[0, len(sample.prompt_ids):])
-            torch.testing.assert_close(batched[row, batched.shape[1] - len(sample.response_ids):], alone, atol=1e-5, rtol=1e-5)
+            alone = gather_logprobs(
+                model(ids).logits[0, len(sample.prompt_ids) - 1 : -1], ids[0, len(sample.prompt_ids) :]
+            )
+            torch.testing.assert_close(
+                batched[row, batched.shape[1] - len(sample.response_ids) :], alone, atol=1e-5, rtol=1e-5
+            )
 
 
 def test_ppo_schedule_deals_rows_into_mini_batches_and_reorders_epochs():

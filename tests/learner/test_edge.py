@@ -19,11 +19,34 @@ from slea.config import SleaConfig
 from slea.records import StepRecord
 
 
-def step(episode: str, index: int, *, with_experience: bool, done: bool = False, success: bool = False,
-         reward: float = 0.0, teacher: list[int] = (), group: str = "g") -> StepRecord:
-    return StepRecord("r", "t", "k", "e", group, episode, index, "o", reward=reward, done=done, success=success,
-                      with_experience=with_experience, teacher_prompt_ids=np.asarray(teacher, dtype=np.int32),
-                      response_ids=np.array([1], np.int32), response_logprobs=np.array([-1.0], np.float32))
+def step(
+    episode: str,
+    index: int,
+    *,
+    with_experience: bool,
+    done: bool = False,
+    success: bool = False,
+    reward: float = 0.0,
+    teacher: list[int] = (),
+    group: str = "g",
+) -> StepRecord:
+    return StepRecord(
+        "r",
+        "t",
+        "k",
+        "e",
+        group,
+        episode,
+        index,
+        "o",
+        reward=reward,
+        done=done,
+        success=success,
+        with_experience=with_experience,
+        teacher_prompt_ids=np.asarray(teacher, dtype=np.int32),
+        response_ids=np.array([1], np.int32),
+        response_logprobs=np.array([-1.0], np.float32),
+    )
 
 
 def ab_group(group: str, a_wins: list[bool], b_wins: list[bool]) -> list[StepRecord]:
@@ -34,8 +57,18 @@ def ab_group(group: str, a_wins: list[bool], b_wins: list[bool]) -> list[StepRec
             episode = f"{group}-{half}{index}"
             teacher = [] if half == "a" else [9, index]
             records.append(step(episode, 0, with_experience=half == "a", teacher=teacher, group=group))
-            records.append(step(episode, 1, with_experience=half == "a", done=True, success=won, reward=float(won),
-                                teacher=teacher, group=group))
+            records.append(
+                step(
+                    episode,
+                    1,
+                    with_experience=half == "a",
+                    done=True,
+                    success=won,
+                    reward=float(won),
+                    teacher=teacher,
+                    group=group,
+                )
+            )
     return records
 
 
@@ -43,25 +76,39 @@ def ab_group(group: str, a_wins: list[bool], b_wins: list[bool]) -> list[StepRec
 
 
 def test_episode_outcomes_sum_rewards_and_read_the_done_step():
-    records = [step("e1", 1, with_experience=False, done=True, success=True, reward=2.0),
-               step("e1", 0, with_experience=False, reward=-0.5),
-               step("e0", 0, with_experience=True, done=True, reward=0.25)]
+    records = [
+        step("e1", 1, with_experience=False, done=True, success=True, reward=2.0),
+        step("e1", 0, with_experience=False, reward=-0.5),
+        step("e0", 0, with_experience=True, done=True, reward=0.25),
+    ]
     outcomes = sorted(episode_outcomes(records), key=lambda o: o.with_experience)
     assert outcomes == [EpisodeOutcome(False, True, 1.5), EpisodeOutcome(True, False, 0.25)]
 
 
 def test_gain_is_a_half_minus_b_half():
     # A: 2 of 3 won (0.667), B: 1 of 4 won (0.25) -> gain 5/12; returns A mean 1.0, B mean 3.0 -> -2.
-    outcomes = ([EpisodeOutcome(True, True, 1.0), EpisodeOutcome(True, True, 2.0), EpisodeOutcome(True, False, 0.0)]
-                + [EpisodeOutcome(False, True, 12.0)] + [EpisodeOutcome(False, False, 0.0)] * 3)
+    outcomes = (
+        [EpisodeOutcome(True, True, 1.0), EpisodeOutcome(True, True, 2.0), EpisodeOutcome(True, False, 0.0)]
+        + [EpisodeOutcome(False, True, 12.0)]
+        + [EpisodeOutcome(False, False, 0.0)] * 3
+    )
     assert group_gain(outcomes, "success") == pytest.approx(2 / 3 - 1 / 4)
     assert group_gain(outcomes, "return") == pytest.approx(1.0 - 3.0)
     assert group_gain([EpisodeOutcome(True, True, 1.0)]) is None  # no B half: not an A/B group
 
 
-@pytest.mark.parametrize("gain, threshold, expected", [(0.5, 0.0, True), (0.0, 0.0, False), (-0.25, 0.0, False),
-                                                       (0.25, 0.25, False), (0.3, 0.25, True), (-0.1, -0.2, True),
-                                                       (None, -1.0, False)])
+@pytest.mark.parametrize(
+    "gain, threshold, expected",
+    [
+        (0.5, 0.0, True),
+        (0.0, 0.0, False),
+        (-0.25, 0.0, False),
+        (0.25, 0.25, False),
+        (0.3, 0.25, True),
+        (-0.1, -0.2, True),
+        (None, -1.0, False),
+    ],
+)
 def test_gate_needs_gain_strictly_above_threshold(gain, threshold, expected):
     assert distilled(gain, threshold) is expected
 
@@ -90,7 +137,9 @@ def test_log_ratio_and_advantages_by_hand():
     log_ratio = distill_log_ratio(student, teacher, mask)
     torch.testing.assert_close(log_ratio, torch.tensor([[1.0, -2.0, 0.0]]))
     # sequence advantage 0.3, coef 0.5: 0.3 - 0.5 * d
-    torch.testing.assert_close(distill_advantages(torch.tensor([0.3]), log_ratio, 0.5), torch.tensor([[-0.2, 1.3, 0.3]]))
+    torch.testing.assert_close(
+        distill_advantages(torch.tensor([0.3]), log_ratio, 0.5), torch.tensor([[-0.2, 1.3, 0.3]])
+    )
 
 
 def test_distillation_gradient_is_coef_times_log_ratio_per_token():
@@ -99,7 +148,9 @@ def test_distillation_gradient_is_coef_times_log_ratio_per_token():
     logprobs = torch.tensor([[-1.0, -3.0]], dtype=torch.float64, requires_grad=True)
     teacher = torch.tensor([[-2.0, -1.0]], dtype=torch.float64)
     mask = torch.ones(1, 2, dtype=torch.float64)
-    advantages = distill_advantages(torch.zeros(1, dtype=torch.float64), distill_log_ratio(logprobs, teacher, mask), 0.5)
+    advantages = distill_advantages(
+        torch.zeros(1, dtype=torch.float64), distill_log_ratio(logprobs, teacher, mask), 0.5
+    )
     same = logprobs.detach()
     ppo_loss(logprobs, same, same, advantages, mask, clip_low=10.0, clip_high=10.0).loss.backward()
     torch.testing.assert_close(logprobs.grad, torch.tensor([[0.25, -0.5]], dtype=torch.float64))
@@ -137,14 +188,19 @@ def test_trainer_reports_the_sampled_reverse_kl_of_the_distilled_rows():
     from slea.models import tiny_model
 
     model, tokenizer = tiny_model()
-    trainer = PolicyTrainer(model, LearnerConfig(lr=1e-3, kl_coef=0.0, entropy_coef=0.0, edge_distill_coef=0.5),
-                            tokenizer.pad_token_id)
+    trainer = PolicyTrainer(
+        model, LearnerConfig(lr=1e-3, kl_coef=0.0, entropy_coef=0.0, edge_distill_coef=0.5), tokenizer.pad_token_id
+    )
     rng = np.random.default_rng(0)
     ids = lambda n: rng.integers(0, 1000, n).astype(np.int32)  # noqa: E731
     student, teacher, response, other = ids(6), ids(11), ids(4), ids(3)
-    samples = [TrainSample(student, response, np.full(4, -7.0, np.float32), 0.0, 0, teacher_prompt_ids=teacher),
-               TrainSample(ids(5), other, np.full(3, -7.0, np.float32), 0.0, 0)]  # not distilled
-    student_lp, teacher_lp = trainer.logprobs([samples[0], TrainSample(teacher, response, samples[0].behaviour_logprobs, 0.0, 0)])
+    samples = [
+        TrainSample(student, response, np.full(4, -7.0, np.float32), 0.0, 0, teacher_prompt_ids=teacher),
+        TrainSample(ids(5), other, np.full(3, -7.0, np.float32), 0.0, 0),
+    ]  # not distilled
+    student_lp, teacher_lp = trainer.logprobs(
+        [samples[0], TrainSample(teacher, response, samples[0].behaviour_logprobs, 0.0, 0)]
+    )
     stats = trainer.train_step(samples)
     assert stats.edge_token_fraction == pytest.approx(4 / 7)
     assert stats.edge_kl == pytest.approx(float((student_lp - teacher_lp).mean()), abs=1e-4)
@@ -162,8 +218,9 @@ def test_learner_distils_only_groups_where_experiences_helped(tmp_path, redis_cl
     cfg.run.id, cfg.run.dir = "edge", str(tmp_path)
     cfg.actors.group_size, cfg.actors.ab_groups = 2, True
     cfg.redis.block_ms = 50
-    for name, value in dict(tasks_per_step=2, lr=1e-2, micro_batch_tokens=64, checkpoint_every=100,
-                            edge_distill_coef=0.5).items():
+    for name, value in dict(
+        tasks_per_step=2, lr=1e-2, micro_batch_tokens=64, checkpoint_every=100, edge_distill_coef=0.5
+    ).items():
         setattr(cfg.learner, name, value)
     model, tokenizer = tiny_model()
     learner = Learner(cfg, redis_client=redis_client, model=model, tokenizer=tokenizer)

@@ -16,8 +16,13 @@ from slea.models import tiny_model
 def samples(seed=0):
     rng = np.random.default_rng(seed)
     return [
-        TrainSample(rng.integers(0, 1000, p).astype(np.int32), rng.integers(0, 1000, r).astype(np.int32),
-                    np.full(r, -10.8, np.float32), float(a), 0)
+        TrainSample(
+            rng.integers(0, 1000, p).astype(np.int32),
+            rng.integers(0, 1000, r).astype(np.int32),
+            np.full(r, -10.8, np.float32),
+            float(a),
+            0,
+        )
         for (p, r), a in zip([(5, 3), (9, 4), (3, 6), (20, 5)], [1.0, -1.0, 0.5, -0.5])
     ]
 
@@ -94,7 +99,9 @@ def test_log_probs_are_those_of_the_sampling_temperature():
     from actors.engines.transformers_engine import TransformersEngine
 
     model, tokenizer = tiny_model()
-    engine = TransformersEngine(copy.deepcopy(model), tokenizer, SamplingSettings(temperature=0.7, top_p=1.0, max_new_tokens=6))
+    engine = TransformersEngine(
+        copy.deepcopy(model), tokenizer, SamplingSettings(temperature=0.7, top_p=1.0, max_new_tokens=6)
+    )
     prompt = tokenizer("Task: find the key.\nYour action:")["input_ids"]
     generation = engine.generate_batch([prompt])[0]
     trainer = PolicyTrainer(model, LearnerConfig(kl_coef=0.0), tokenizer.pad_token_id, temperature=0.7)

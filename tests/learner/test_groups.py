@@ -1,9 +1,8 @@
 """Group assembly rules: completeness, duplicates, abandoned, timeout, staleness, acks."""
 
+from learner.groups import GroupAssembler
 from slea.records import StepRecord
 from slea.streams import Delivery
-
-from learner.groups import GroupAssembler
 
 
 class Clock:
@@ -15,8 +14,19 @@ class Clock:
 
 
 def step(group, episode, index, done=False, version=0, abandoned=False):
-    record = StepRecord(run_id="r", task_id="t", task_type="x", env_name="e", group_id=group, episode_id=episode,
-                        step=index, anchor_obs=f"obs{index}", done=done, policy_version=version, abandoned=abandoned)
+    record = StepRecord(
+        run_id="r",
+        task_id="t",
+        task_type="x",
+        env_name="e",
+        group_id=group,
+        episode_id=episode,
+        step=index,
+        anchor_obs=f"obs{index}",
+        done=done,
+        policy_version=version,
+        abandoned=abandoned,
+    )
     return Delivery(entry_id=f"{group}-{episode}-{index}-{id(record)}", record=record)
 
 

@@ -21,8 +21,9 @@ def config(tmp_path, run_id, **learner):
     cfg.redis.block_ms = 50
     # One optimizer step per batch at a large learning rate: each test reads the direction of one update
     # (PPO mini-batches are tested in tests/learner/test_engine.py).
-    settings = dict(tasks_per_step=1, lr=1e-2, micro_batch_tokens=64, checkpoint_every=100, group_timeout_s=60,
-                    mini_batches=1)
+    settings = dict(
+        tasks_per_step=1, lr=1e-2, micro_batch_tokens=64, checkpoint_every=100, group_timeout_s=60, mini_batches=1
+    )
     settings.update(learner)
     for name, value in settings.items():
         setattr(cfg.learner, name, value)
@@ -108,9 +109,24 @@ def test_run_stops_at_max_steps_with_a_shutdown_checkpoint_and_metrics(tmp_path,
     seen = []
     learner.run(on_metrics=seen.append)
     assert [metrics["policy_version"] for metrics in seen] == [1]
-    expected = {"loss", "pg_loss", "kl", "entropy", "clip_fraction", "grad_norm", "advantage_mean", "advantage_std",
-                "episode_advantage_abs_mean", "step_advantage_abs_mean", "anchor_group_sizes", "tokens_per_s",
-                "groups_dropped_incomplete", "groups_dropped_abandoned", "groups_dropped_stale", "staleness_histogram"}
+    expected = {
+        "loss",
+        "pg_loss",
+        "kl",
+        "entropy",
+        "clip_fraction",
+        "grad_norm",
+        "advantage_mean",
+        "advantage_std",
+        "episode_advantage_abs_mean",
+        "step_advantage_abs_mean",
+        "anchor_group_sizes",
+        "tokens_per_s",
+        "groups_dropped_incomplete",
+        "groups_dropped_abandoned",
+        "groups_dropped_stale",
+        "staleness_histogram",
+    }
     assert expected <= set(seen[0])
     run_dir = tmp_path / "run" / "learner"
     assert latest_checkpoint(run_dir / "checkpoints").name == "v00000001"  # the shutdown checkpoint
@@ -122,10 +138,15 @@ def test_anchor_keys_are_exact_observations_or_library_clusters():
     from learner.learner import anchor_keys
     from slea.records import StepRecord
 
-    rows = [StepRecord("r", "t", "k", "alfworld", "g", "e0", 0, "You arrive at countertop 1.", anchor_cluster="c7"),
-            StepRecord("r", "t", "k", "alfworld", "g", "e1", 0, "You arrive at countertop 2.", anchor_cluster="c7"),
-            StepRecord("r", "t", "k", "alfworld", "g", "e2", 0, "You arrive at countertop 1.")]
-    assert anchor_keys(rows, "exact") == ["obs:You arrive at countertop 1.", "obs:You arrive at countertop 2.",
-                                          "obs:You arrive at countertop 1."]
+    rows = [
+        StepRecord("r", "t", "k", "alfworld", "g", "e0", 0, "You arrive at countertop 1.", anchor_cluster="c7"),
+        StepRecord("r", "t", "k", "alfworld", "g", "e1", 0, "You arrive at countertop 2.", anchor_cluster="c7"),
+        StepRecord("r", "t", "k", "alfworld", "g", "e2", 0, "You arrive at countertop 1."),
+    ]
+    assert anchor_keys(rows, "exact") == [
+        "obs:You arrive at countertop 1.",
+        "obs:You arrive at countertop 2.",
+        "obs:You arrive at countertop 1.",
+    ]
     # the two countertop states share a library cluster; the row retrieved for nothing keeps its text
     assert anchor_keys(rows, "cluster") == ["cluster:c7", "cluster:c7", "obs:You arrive at countertop 1."]

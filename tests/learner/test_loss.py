@@ -63,7 +63,9 @@ def test_decoupled_weights_for_stale_steps():
     proximal = torch.tensor([[-1.0, -1.0, -1.0]], dtype=torch.float64)
     behaviour = proximal - torch.tensor([[math.log(2.0), math.log(0.5), math.log(10.0)]], dtype=torch.float64)
     logprobs = _leaf(proximal.tolist())
-    terms = ppo_loss(logprobs, proximal, behaviour, torch.ones(1, dtype=torch.float64), torch.ones(1, 3), behav_weight_cap=5.0)
+    terms = ppo_loss(
+        logprobs, proximal, behaviour, torch.ones(1, dtype=torch.float64), torch.ones(1, 3), behav_weight_cap=5.0
+    )
     terms.loss.backward()
     assert terms.pg_loss.item() == pytest.approx((-2.0 - 0.5) / 3)
     assert terms.behav_masked_fraction.item() == pytest.approx(1 / 3)
@@ -81,7 +83,17 @@ def test_mask_and_total_tokens_make_micro_batches_add_up():
     whole.loss.backward()
     whole_grad = logprobs.grad.clone()
     logprobs.grad = None
-    parts = [ppo_loss(logprobs[i : i + 1], logprobs[i : i + 1], behaviour[i : i + 1], advantages[i : i + 1], mask[i : i + 1], total_tokens=3) for i in range(2)]
+    parts = [
+        ppo_loss(
+            logprobs[i : i + 1],
+            logprobs[i : i + 1],
+            behaviour[i : i + 1],
+            advantages[i : i + 1],
+            mask[i : i + 1],
+            total_tokens=3,
+        )
+        for i in range(2)
+    ]
     sum(part.loss for part in parts).backward()
     assert sum(part.loss.item() for part in parts) == pytest.approx(whole.loss.item())
     torch.testing.assert_close(logprobs.grad, whole_grad)
@@ -98,8 +110,17 @@ def test_kl_and_entropy_terms_enter_the_loss():
     logprobs = _leaf([[0.0, 0.0]])
     ref = torch.tensor([[math.log(2.0), 0.0]], dtype=torch.float64)
     entropy = torch.tensor([[1.0, 3.0]], dtype=torch.float64)
-    terms = ppo_loss(logprobs, logprobs, logprobs, torch.zeros(1, dtype=torch.float64), torch.ones(1, 2),
-                     ref_logprobs=ref, kl_coef=0.5, entropy=entropy, entropy_coef=0.1)
+    terms = ppo_loss(
+        logprobs,
+        logprobs,
+        logprobs,
+        torch.zeros(1, dtype=torch.float64),
+        torch.ones(1, 2),
+        ref_logprobs=ref,
+        kl_coef=0.5,
+        entropy=entropy,
+        entropy_coef=0.1,
+    )
     assert terms.kl.item() == pytest.approx((1.0 - math.log(2.0)) / 2)
     assert terms.entropy.item() == pytest.approx(2.0)
     assert terms.loss.item() == pytest.approx(0.5 * terms.kl.item() - 0.1 * 2.0)

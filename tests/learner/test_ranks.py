@@ -36,8 +36,15 @@ def config(tmp_path, run_id, model_dir, redis_url, num_ranks, max_steps):
     cfg.run.id, cfg.run.dir = run_id, str(tmp_path)
     cfg.model.name, cfg.redis.url, cfg.redis.block_ms = str(model_dir), redis_url, 50
     cfg.actors.group_size = 3
-    settings = dict(tasks_per_step=1, lr=LR, micro_batch_tokens=32, checkpoint_every=100, group_timeout_s=60,
-                    num_ranks=num_ranks, max_steps=max_steps)
+    settings = dict(
+        tasks_per_step=1,
+        lr=LR,
+        micro_batch_tokens=32,
+        checkpoint_every=100,
+        group_timeout_s=60,
+        num_ranks=num_ranks,
+        max_steps=max_steps,
+    )
     for name, value in settings.items():
         setattr(cfg.learner, name, value)
     return cfg
@@ -58,11 +65,15 @@ def registry_version(cfg) -> int:
 
 
 @pytest.mark.timeout(300)
-def test_two_ranks_train_the_update_of_one_stop_together_and_resume(tmp_path, tiny_model_dir, redis_client, redis_url, two_cpu_ray):
+def test_two_ranks_train_the_update_of_one_stop_together_and_resume(
+    tmp_path, tiny_model_dir, redis_client, redis_url, two_cpu_ray
+):
     model, tokenizer = load_model(str(tiny_model_dir))
     # Samples of ~20 tokens in 32-token micro-batches: one micro-batch each. A's 3 give rank 1 one
     # real micro-batch and a zero-weight filler; B's 6 split evenly.
-    records = [make_group(model, tokenizer, name, rewards=[1.0, 0.0, 0.0], steps=steps) for name, steps in (("A", 1), ("B", 2))]
+    records = [
+        make_group(model, tokenizer, name, rewards=[1.0, 0.0, 0.0], steps=steps) for name, steps in (("A", 1), ("B", 2))
+    ]
     one = config(tmp_path, "one", tiny_model_dir, redis_url, num_ranks=1, max_steps=2)
     two = config(tmp_path, "two", tiny_model_dir, redis_url, num_ranks=2, max_steps=1000)  # stopped by the driver
     for cfg in (one, two):

@@ -27,6 +27,7 @@ class BroadcastEngine:
     async def join_weight_group(self, host, port, world_size, backend, timeout_s):
         def join():
             self.group = WeightGroup(join_store(host, port, world_size, timeout_s), 1, world_size, backend, timeout_s)
+
         await asyncio.to_thread(join)
         return {"dtype": "float32", "ranks": [1]}
 
@@ -46,8 +47,9 @@ class FakeActorWorker:
 
     def __init__(self, run_id: str, label: str, stall: bool = False):
         self.engine = BroadcastEngine(stall)
-        self.subscriber = WeightSubscriber(run_id, label, transport="collective",
-                                           receiver=ray.get_runtime_context().current_actor)
+        self.subscriber = WeightSubscriber(
+            run_id, label, transport="collective", receiver=ray.get_runtime_context().current_actor
+        )
 
     async def poll(self) -> bool:
         return await self.subscriber.poll(self.engine)
@@ -93,8 +95,10 @@ def test_every_registered_engine_gets_the_latest_version(local_ray):
 
 def test_dead_and_stalled_engines_are_dropped_without_holding_the_others(local_ray):
     publisher = RayWeightPublisher("push-faults", transport="collective", timeout_s=3)
-    healthy, doomed, stalled = (FakeActorWorker.remote("push-faults", label, stall=label == "stalled")
-                                for label in ("healthy", "doomed", "stalled"))
+    healthy, doomed, stalled = (
+        FakeActorWorker.remote("push-faults", label, stall=label == "stalled")
+        for label in ("healthy", "doomed", "stalled")
+    )
     publisher.publish(1, _weights(1.0))
     ray.get([worker.poll.remote() for worker in (healthy, doomed, stalled)])
     publisher.flush()

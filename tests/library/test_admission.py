@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
+from library_helpers import candidate, episode_of, library_config
 
 from library import admission
 from library.admission import EpisodeOutcome, Evidence, decide, utility_evidence
 from library.experience import STRATEGY, WARNING, Candidate
 from library.state import Library
-from library_helpers import candidate, episode_of, library_config
 
 UNIT_X, UNIT_Y = np.array([1.0, 0.0], dtype=np.float32), np.array([0.0, 1.0], dtype=np.float32)
 
@@ -27,13 +27,25 @@ def test_decide_room_full_duplicate():
 A, B = True, False  # with_experience of the A and B halves
 
 
-def outcome(group_id: str, success: bool, half: bool, visited: tuple[str, ...] = (), shown: dict | None = None,
-            unclustered: tuple[str, ...] = ()) -> EpisodeOutcome:
+def outcome(
+    group_id: str,
+    success: bool,
+    half: bool,
+    visited: tuple[str, ...] = (),
+    shown: dict | None = None,
+    unclustered: tuple[str, ...] = (),
+) -> EpisodeOutcome:
     """An episode that reached the clusters `visited` and those of `shown` (item -> clusters it was
     shown at), and was shown the items of `unclustered` only at steps without a cluster."""
     shown = {item: frozenset(clusters) for item, clusters in (shown or {}).items()}
-    return EpisodeOutcome(group_id, success, frozenset(shown) | frozenset(unclustered), half,
-                          frozenset(visited).union(*shown.values()), shown)
+    return EpisodeOutcome(
+        group_id,
+        success,
+        frozenset(shown) | frozenset(unclustered),
+        half,
+        frozenset(visited).union(*shown.values()),
+        shown,
+    )
 
 
 def neutral_warning_group(group_id: str) -> list[EpisodeOutcome]:
@@ -61,8 +73,16 @@ def test_a_neutral_warning_cued_by_failure_is_never_pruned(embedder, policy_toke
     library = Library(library_config(utility_rate=1.0, prune_min_exposures=2), embedder, policy_tokenizer)
     (warning,) = library.admit([candidate(LESSONS[0], 0.5, zone=WARNING, level="mistake")], {WARNING: 1}).admitted
     for window in range(4):
-        group = [outcome(e.group_id, e.success, e.with_experience, tuple(e.visited_clusters),
-                         {warning: e.shown_in["w"]} if e.shown_in else None) for e in neutral_warning_group(f"g{window}")]
+        group = [
+            outcome(
+                e.group_id,
+                e.success,
+                e.with_experience,
+                tuple(e.visited_clusters),
+                {warning: e.shown_in["w"]} if e.shown_in else None,
+            )
+            for e in neutral_warning_group(f"g{window}")
+        ]
         assert library.apply_utility(utility_evidence(group), {}) == []
     kept = library.experiences[warning]
     assert (kept.utility, kept.low_windows, kept.compared, kept.exposures) == (0.0, 0, 8, 8)
@@ -78,7 +98,9 @@ def test_a_harmful_item_scores_its_treated_against_the_matched_controls():
         outcome("g1", True, B, ("shelf",)),
         outcome("g1", True, B, ("desk", "shelf")),
         outcome("g1", False, B, ("shelf",)),
-        outcome("g1", False, B, ("desk",)),  # never reached "shelf": not a control (it would count against the whole B half)
+        outcome(
+            "g1", False, B, ("desk",)
+        ),  # never reached "shelf": not a control (it would count against the whole B half)
         # g2: s shown at "shelf" in one episode and at "desk" in another: C(s) = both; controls reached either
         outcome("g2", False, A, (), {"s": ("shelf",)}),
         outcome("g2", True, A, (), {"s": ("desk",)}),  # treated 1/2
@@ -108,9 +130,14 @@ def test_no_evidence_without_a_b_episode_in_the_items_clusters():
 
 
 def test_an_episode_outcome_keeps_the_clusters_of_its_steps_and_where_each_item_was_shown():
-    episode = episode_of("e", ["You are in the kitchen.", "You see a fridge 1.", "You open the fridge 1.", "It is cold."],
-                         ["look", "go to fridge 1", "open fridge 1", "look"], success=True,
-                         experience_ids=[["x"], ["x", "y"], ["y"], ["z"]], clusters=["", "pick/c1", "pick/c2", "pick/c1"])
+    episode = episode_of(
+        "e",
+        ["You are in the kitchen.", "You see a fridge 1.", "You open the fridge 1.", "It is cold."],
+        ["look", "go to fridge 1", "open fridge 1", "look"],
+        success=True,
+        experience_ids=[["x"], ["x", "y"], ["y"], ["z"]],
+        clusters=["", "pick/c1", "pick/c2", "pick/c1"],
+    )
     found = episode.outcome()
     assert (found.group_id, found.success, found.with_experience) == ("g0", True, True)
     assert found.injected_ids == {"x", "y", "z"} and found.visited_clusters == {"pick/c1", "pick/c2"}
@@ -147,20 +174,35 @@ def test_capacity_replace_the_minimum_reject_below_and_exact_counters(embedder, 
     assert report.rejected == [(STRATEGY, "below_minimum")]
     assert sorted(e.score for e in library.experiences.values()) == [0.4, 0.5]
     assert library.admit([candidate(LESSONS[3], 0.1, level="example")], quota).admitted  # other level has room
-    assert library.counters == {"admitted": 4, "merged": 0, "rejected": 1, "evicted": 1, "pruned": 0, "clusters_evicted": 0}
+    assert library.counters == {
+        "admitted": 4,
+        "merged": 0,
+        "rejected": 1,
+        "evicted": 1,
+        "pruned": 0,
+        "clusters_evicted": 0,
+    }
 
 
 def test_duplicates_merge_keeping_the_higher_score(embedder, policy_tokenizer):
     library = Library(library_config(), embedder, policy_tokenizer)
     quota = {STRATEGY: 10, WARNING: 5}
     original = library.admit([candidate("Open the fridge before looking for cold food.", 0.3)], quota).admitted[0]
-    report = library.admit([candidate("Open the fridge before you look for cold food.", 0.9,
-                                      observation="You are in front of the fridge 1.")], quota)
+    report = library.admit(
+        [
+            candidate(
+                "Open the fridge before you look for cold food.", 0.9, observation="You are in front of the fridge 1."
+            )
+        ],
+        quota,
+    )
     assert report.merged == [original] and not report.admitted
     merged = library.experiences[original]
     assert merged.score == 0.9 and merged.text == "Open the fridge before you look for cold food."
     assert len(merged.clusters) == 2  # triggers of both
-    warning = library.admit([candidate("Open the fridge before looking for cold food.", 0.5, zone=WARNING, level="mistake")], quota)
+    warning = library.admit(
+        [candidate("Open the fridge before looking for cold food.", 0.5, zone=WARNING, level="mistake")], quota
+    )
     assert warning.admitted  # dedup stays within a zone
     assert library.counters["merged"] == 1 and library.counters["admitted"] == 2
 
@@ -174,8 +216,9 @@ def test_rate_limit_rejects_beyond_the_window_quota(embedder, policy_tokenizer):
 
 def lessons_library(embedder, tokenizer, count, **config):
     library = Library(library_config(**config), embedder, tokenizer)
-    ids = library.admit([candidate(LESSONS[i], 0.5, level="method" if i < 2 else "example") for i in range(count)],
-                        {STRATEGY: 10}).admitted
+    ids = library.admit(
+        [candidate(LESSONS[i], 0.5, level="method" if i < 2 else "example") for i in range(count)], {STRATEGY: 10}
+    ).admitted
     return library, ids
 
 
@@ -184,7 +227,12 @@ def test_two_consecutive_windows_at_or_below_the_threshold_prune(embedder, polic
     library, (at, above, back) = lessons_library(embedder, policy_tokenizer, 3, utility_rate=1.0, prune_min_exposures=1)
 
     def window(**gains):
-        return [e.id for e in library.apply_utility({i: Evidence(1, gain, 0 if gain is None else 1) for i, gain in gains.items()}, {})]
+        return [
+            e.id
+            for e in library.apply_utility(
+                {i: Evidence(1, gain, 0 if gain is None else 1) for i, gain in gains.items()}, {}
+            )
+        ]
 
     assert window(**{at: -0.25, above: -0.24, back: -0.3}) == []
     assert [library.experiences[i].low_windows for i in (at, above, back)] == [1, 0, 1]
@@ -204,8 +252,13 @@ def test_pruning_waits_for_enough_ab_exposures_and_smooths_the_utility(embedder,
     assert library.apply_utility({item: found}, {item: 5}) == []  # utility 0.5 * -1 = -0.5: one low window
     assert library.apply_utility({item: found}, {item: 5}) == []  # -0.75: two low windows, but 2 of 3 A-half episodes
     experience = library.experiences[item]
-    assert (experience.utility, experience.low_windows, experience.compared, experience.exposures, experience.usage) == (
-        pytest.approx(-0.75), 2, 2, 4, 10)
+    assert (
+        experience.utility,
+        experience.low_windows,
+        experience.compared,
+        experience.exposures,
+        experience.usage,
+    ) == (pytest.approx(-0.75), 2, 2, 4, 10)
     assert [e.id for e in library.apply_utility({item: found}, {})] == [item]  # -0.875, 3 A-half episodes
 
 
@@ -213,15 +266,19 @@ def test_a_warning_shown_only_in_failures_of_groups_without_ab_halves_keeps_its_
     library = Library(library_config(), embedder, policy_tokenizer)  # default prune settings
     (warning,) = library.admit([candidate(LESSONS[0], 0.5, zone=WARNING, level="mistake")], {WARNING: 1}).admitted
     for window in range(6):  # before: -1 per window, pruned after the second (8 exposures, utility -0.36 < 0)
-        episodes = [outcome(f"g{window}-{group}", success, A, ("start",), None if success else {warning: ("trap",)})
-                    for group in range(2) for success in (True, True, False, False)]
+        episodes = [
+            outcome(f"g{window}-{group}", success, A, ("start",), None if success else {warning: ("trap",)})
+            for group in range(2)
+            for success in (True, True, False, False)
+        ]
         assert library.apply_utility(utility_evidence(episodes), {warning: 6}) == []
     kept = library.experiences[warning]
     assert (kept.utility, kept.low_windows, kept.compared, kept.exposures, kept.usage) == (0.0, 0, 0, 24, 36)
 
 
 def test_an_item_whose_line_exceeds_the_actors_budget_is_rejected_before_it_can_merge(embedder, policy_tokenizer):
-    from actors.prompts import Experience as Shown, PromptBuilder
+    from actors.prompts import Experience as Shown
+    from actors.prompts import PromptBuilder
 
     fits = "Open the fridge before looking for cold items."
     longer = "Open the fridge before looking for cold items, then close it."  # a near-duplicate of `fits`
@@ -235,8 +292,17 @@ def test_an_item_whose_line_exceeds_the_actors_budget_is_rejected_before_it_can_
     quota = {STRATEGY: 10, WARNING: 5}
     (kept,) = library.admit([candidate(fits, 0.5)], quota).admitted  # exactly the budget: admitted
     # a short warning whose "Avoid: ..." part makes its line too long: the whole line is what the prompt shows
-    warning = Candidate(WARNING, "mistake", "Do not eat the apple.", "", "pick", ["You are in the kitchen."], 0.8, ["ep"],
-                        avoid_action=" and ".join(["eat apple 1"] * 20))
+    warning = Candidate(
+        WARNING,
+        "mistake",
+        "Do not eat the apple.",
+        "",
+        "pick",
+        ["You are in the kitchen."],
+        0.8,
+        ["ep"],
+        avoid_action=" and ".join(["eat apple 1"] * 20),
+    )
     report = library.admit([candidate(longer, 0.9), warning], quota)
     assert report.rejected == [(STRATEGY, "over_token_budget"), (WARNING, "over_token_budget")]
     assert not report.merged and library.experiences[kept].text == fits and library.experiences[kept].score == 0.5

@@ -22,8 +22,15 @@ def test_identical_and_near_identical_share_a_cluster_different_rooms_do_not(emb
     space = clusters(embedder)
     first, founded, _ = assign(space, embedder, KITCHEN, "pick/c0")
     assert founded
-    assert assign(space, embedder, "  you are in the KITCHEN. on the countertop 1, you see an apple 1, a knife 2 and a bread 1.",
-                  "pick/c1")[0] is first  # same structural key: no embedding needed
+    assert (
+        assign(
+            space,
+            embedder,
+            "  you are in the KITCHEN. on the countertop 1, you see an apple 1, a knife 2 and a bread 1.",
+            "pick/c1",
+        )[0]
+        is first
+    )  # same structural key: no embedding needed
     assert float(embedder.embed([KITCHEN])[0] @ embedder.embed([KITCHEN_NEAR])[0]) >= 0.85
     assert assign(space, embedder, KITCHEN_NEAR, "pick/c1")[0] is first
     other, founded, _ = assign(space, embedder, BATHROOM, "pick/c1")

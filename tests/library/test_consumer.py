@@ -4,18 +4,21 @@ import threading
 import time
 
 import pytest
+from library_helpers import library_config, steps_of
 
 from library.consumer import GROUP, LibraryWriter
 from library.extraction.rules import RulesExtractor
 from library.persistence import latest_snapshot
 from library.state import Library
 from library.sync import Follower
-from library_helpers import library_config, steps_of
 from slea.config import SleaConfig
 from slea.streams import StreamProducer
 
-KITCHEN = ["You are in the kitchen. You see a fridge 1 and a countertop 1.", "On the countertop 1, you see an apple 1.",
-           "You pick up the apple 1."]
+KITCHEN = [
+    "You are in the kitchen. You see a fridge 1 and a countertop 1.",
+    "On the countertop 1, you see an apple 1.",
+    "You pick up the apple 1.",
+]
 WIN = ["go to countertop 1", "take apple 1", "put apple 1 in fridge 1"]
 LOSE = ["go to countertop 1", "go to countertop 1", "eat apple 1"]
 
@@ -29,7 +32,9 @@ _WRITERS: list[LibraryWriter] = []
 
 
 def writer_for(cfg, redis_client, run_dir, embedder, tokenizer, extractor=None):
-    writer = LibraryWriter(cfg, redis_client, run_dir, Library(cfg.library, embedder, tokenizer), extractor or RulesExtractor())
+    writer = LibraryWriter(
+        cfg, redis_client, run_dir, Library(cfg.library, embedder, tokenizer), extractor or RulesExtractor()
+    )
     _WRITERS.append(writer)
     return writer
 
@@ -46,17 +51,34 @@ def produce(redis_client, cfg, records):
     StreamProducer(redis_client, cfg.stream_key()).send(records)
 
 
-def group_of(group_id, version, *, experience_id=None, shown=(0, 2), outcomes=(True, True, False, False), b_half=(),
-             clusters=None):
+def group_of(
+    group_id,
+    version,
+    *,
+    experience_id=None,
+    shown=(0, 2),
+    outcomes=(True, True, False, False),
+    b_half=(),
+    clusters=None,
+):
     """Four episodes of one task played at policy `version` (two successes, then two failures, by
     default); those at `shown` were shown `experience_id`; those at `b_half` are the B half of an
     A/B group (shown nothing); `clusters`: the anchor cluster of each KITCHEN step (None: none)."""
     records = []
     for index, success in enumerate(outcomes):
         injected = [[experience_id]] * 3 if experience_id is not None and index in shown else None
-        records += steps_of(f"{group_id}-e{index}", KITCHEN, WIN if success else LOSE, success=success, group_id=group_id,
-                            policy_version=version, experience_ids=injected, run_id="libtest", with_experience=index not in b_half,
-                            clusters=clusters)
+        records += steps_of(
+            f"{group_id}-e{index}",
+            KITCHEN,
+            WIN if success else LOSE,
+            success=success,
+            group_id=group_id,
+            policy_version=version,
+            experience_ids=injected,
+            run_id="libtest",
+            with_experience=index not in b_half,
+            clusters=clusters,
+        )
     return records
 
 
@@ -70,7 +92,9 @@ def drain(writer, rounds=5):
     writer.wait_idle()
 
 
-def test_window_is_distilled_admitted_and_acked_only_after_the_snapshot(redis_client, embedder, policy_tokenizer, tmp_path):
+def test_window_is_distilled_admitted_and_acked_only_after_the_snapshot(
+    redis_client, embedder, policy_tokenizer, tmp_path
+):
     cfg = config(snapshot_every=100)
     writer = writer_for(cfg, redis_client, tmp_path, embedder, policy_tokenizer)
     produce(redis_client, cfg, group_of("g1", version=0) + group_of("g2", version=0) + group_of("g3", version=1))
@@ -106,13 +130,19 @@ def first_window(writer, redis_client, cfg, zone):
 
 
 def test_exposures_reach_the_items_and_groups_without_ab_halves_leave_utility_alone(
-        redis_client, embedder, policy_tokenizer, tmp_path):
+    redis_client, embedder, policy_tokenizer, tmp_path
+):
     cfg = config(snapshot_every=1)
     writer = writer_for(cfg, redis_client, tmp_path, embedder, policy_tokenizer)
     method = first_window(writer, redis_client, cfg, "strategy")
     # g3 and g4 (version 1, with g2): episodes 0 and 2 saw the method, 3 steps each; g5 closes the window
-    produce(redis_client, cfg, group_of("g3", version=1, experience_id=method.id)
-            + group_of("g4", version=1, experience_id=method.id) + group_of("g5", version=2))
+    produce(
+        redis_client,
+        cfg,
+        group_of("g3", version=1, experience_id=method.id)
+        + group_of("g4", version=1, experience_id=method.id)
+        + group_of("g5", version=2),
+    )
     drain(writer)
     assert (method.exposures, method.usage, method.utility, method.compared) == (4, 12, 0.0, 0)
     writer.shutdown()
@@ -120,13 +150,16 @@ def test_exposures_reach_the_items_and_groups_without_ab_halves_leave_utility_al
 
 
 def test_a_warning_shown_only_to_failing_episodes_without_ab_halves_is_never_pruned(
-        redis_client, embedder, policy_tokenizer, tmp_path):
+    redis_client, embedder, policy_tokenizer, tmp_path
+):
     cfg = config(snapshot_every=100)  # default prune settings
     writer = writer_for(cfg, redis_client, tmp_path, embedder, policy_tokenizer)
     warning = first_window(writer, redis_client, cfg, "warning")
     records = []
     for version in range(1, 5):  # four windows, each two groups whose two failures (only) were shown the warning
-        records += [r for g in ("a", "b") for r in group_of(f"w{version}{g}", version, experience_id=warning.id, shown=(2, 3))]
+        records += [
+            r for g in ("a", "b") for r in group_of(f"w{version}{g}", version, experience_id=warning.id, shown=(2, 3))
+        ]
     produce(redis_client, cfg, records + group_of("close", version=5))
     drain(writer, rounds=10)
     # before: -1 per window (0/2 with it, 2/2 without), pruned in the second window (8 exposures, utility -0.36 < 0)
@@ -140,8 +173,13 @@ def test_ab_evidence_prunes_after_two_low_windows_across_a_restart(redis_client,
     warning = first_window(writer, redis_client, cfg, "warning")
     # both halves walk the same KITCHEN states, anchored to the clusters the first window founded
     # (without anchor clusters no B episode could be matched, and no window would give evidence)
-    ab = dict(experience_id=warning.id, shown=(0, 1), outcomes=(False, False, True, True), b_half=(2, 3),
-              clusters=writer.library.assign_observations("pick", KITCHEN))
+    ab = dict(
+        experience_id=warning.id,
+        shown=(0, 1),
+        outcomes=(False, False, True, True),
+        b_half=(2, 3),
+        clusters=writer.library.assign_observations("pick", KITCHEN),
+    )
     # A half (shown the warning) 0/2, B half, all of which reached its clusters, 2/2: gain -1,
     # utility 0.5 * -1 = -0.5: a first low window
     produce(redis_client, cfg, group_of("ab1", version=1, **ab) + group_of("g3", version=2))
@@ -160,8 +198,12 @@ def test_ab_evidence_prunes_after_two_low_windows_across_a_restart(redis_client,
 CELLAR = [KITCHEN[0], "You fall through a trapdoor into the cellar.", "The cellar is dark and the hatch is shut."]
 
 
-def test_a_neutral_warning_shown_where_episodes_fail_survives_ab_windows(redis_client, embedder, policy_tokenizer, tmp_path):
-    cfg = config(snapshot_every=100, utility_rate=1.0, prune_min_exposures=2)  # the literal rule: each window's own gain
+def test_a_neutral_warning_shown_where_episodes_fail_survives_ab_windows(
+    redis_client, embedder, policy_tokenizer, tmp_path
+):
+    cfg = config(
+        snapshot_every=100, utility_rate=1.0, prune_min_exposures=2
+    )  # the literal rule: each window's own gain
     writer = writer_for(cfg, redis_client, tmp_path, embedder, policy_tokenizer)
     warning = first_window(writer, redis_client, cfg, "warning")
     # the library already holds the cellar states (what a replica answers with), apart from the kitchen's
@@ -169,18 +211,38 @@ def test_a_neutral_warning_shown_where_episodes_fail_survives_ab_windows(redis_c
     assert not set(cellar[1:]) & set(kitchen)
 
     def episode(group_id, version, index, success, down, a_half):
-        return steps_of(f"{group_id}-e{index}", CELLAR if down else KITCHEN, WIN if success else LOSE, success=success,
-                        group_id=group_id, policy_version=version, run_id="libtest", with_experience=a_half,
-                        clusters=cellar if down else kitchen,
-                        experience_ids=[[], [warning.id], [warning.id]] if down and a_half else None)
+        return steps_of(
+            f"{group_id}-e{index}",
+            CELLAR if down else KITCHEN,
+            WIN if success else LOSE,
+            success=success,
+            group_id=group_id,
+            policy_version=version,
+            run_id="libtest",
+            with_experience=a_half,
+            clusters=cellar if down else kitchen,
+            experience_ids=[[], [warning.id], [warning.id]] if down and a_half else None,
+        )
 
     records = []
     for version in (1, 2):  # two windows of one A/B group; in each half two episodes fall into the cellar, one fails
         group = f"ab{version}"
-        records += [r for index, (success, down, a_half) in enumerate(
-            [(True, False, True), (True, False, True), (True, True, True), (False, True, True),
-             (True, False, False), (True, False, False), (True, True, False), (False, True, False)])
-            for r in episode(group, version, index, success, down, a_half)]
+        records += [
+            r
+            for index, (success, down, a_half) in enumerate(
+                [
+                    (True, False, True),
+                    (True, False, True),
+                    (True, True, True),
+                    (False, True, True),
+                    (True, False, False),
+                    (True, False, False),
+                    (True, True, False),
+                    (False, True, False),
+                ]
+            )
+            for r in episode(group, version, index, success, down, a_half)
+        ]
     produce(redis_client, cfg, records + group_of("close", version=3))
     drain(writer, rounds=10)
     # shown it 1/2 - B episodes in the cellar 1/2 = 0 per window; before: 1/2 - the whole B half 3/4 = -0.25,
@@ -209,7 +271,9 @@ def test_consumption_never_waits_for_extraction(redis_client, embedder, policy_t
     assert writer.library.version >= 2 and pending(redis_client, cfg) == 0
 
 
-def test_restart_resumes_from_snapshot_and_pending_entries_without_double_counting(redis_client, embedder, policy_tokenizer, tmp_path):
+def test_restart_resumes_from_snapshot_and_pending_entries_without_double_counting(
+    redis_client, embedder, policy_tokenizer, tmp_path
+):
     cfg = config(snapshot_every=100)
     once = writer_for(cfg, redis_client, tmp_path / "reference", embedder, policy_tokenizer)
     episodes = group_of("g1", version=0) + group_of("g2", version=0) + group_of("g3", version=1)
@@ -237,4 +301,6 @@ def test_restart_resumes_from_snapshot_and_pending_entries_without_double_counti
     assert third.library.counters == second.library.counters
 
     replica = Library(cfg.library, embedder)  # a Serve replica bootstraps from what the writer published
-    assert Follower(redis_client, cfg.run.id, replica).sync() == 2 and set(replica.experiences) == set(third.library.experiences)
+    assert Follower(redis_client, cfg.run.id, replica).sync() == 2 and set(replica.experiences) == set(
+        third.library.experiences
+    )

@@ -1,13 +1,13 @@
 """Retrieval from a scripted library (real embeddings): the right items, k, budget, version."""
 
 import pytest
+from library_helpers import candidate, library_config
 
 from library.experience import STRATEGY, WARNING
+from library.persistence import snapshot_text
 from library.retrieval import retrieve, retrieve_batch
 from library.state import Library
 from library.sync import Follower, Publisher
-from library.persistence import snapshot_text
-from library_helpers import candidate, library_config
 
 FRIDGE = "You arrive at fridge 1. The fridge 1 is closed."
 SINK = "You arrive at sinkbasin 1. On the sinkbasin 1, you see a sponge 2."
@@ -18,13 +18,24 @@ DESK = "You arrive at desk 1. On the desk 1, you see a laptop 1 and a pencil 3."
 def library(embedder, policy_tokenizer):
     library = Library(library_config(), embedder, policy_tokenizer)
     quota = {STRATEGY: 10, WARNING: 5}
-    library.admit([
-        candidate("Open the fridge before looking inside it.", 0.9, observation=FRIDGE),
-        candidate("Cold items are usually kept in the fridge.", 0.4, level="principle", observation=FRIDGE),
-        candidate("Rinse the sponge in the sink to clean things.", 0.8, observation=SINK),
-        candidate("Do not try to take items from a closed fridge.", 0.7, zone=WARNING, level="mistake", observation=FRIDGE),
-        candidate("Leaving the sink without the sponge wastes steps.", 0.6, zone=WARNING, level="pattern", observation=SINK),
-    ], quota)
+    library.admit(
+        [
+            candidate("Open the fridge before looking inside it.", 0.9, observation=FRIDGE),
+            candidate("Cold items are usually kept in the fridge.", 0.4, level="principle", observation=FRIDGE),
+            candidate("Rinse the sponge in the sink to clean things.", 0.8, observation=SINK),
+            candidate(
+                "Do not try to take items from a closed fridge.", 0.7, zone=WARNING, level="mistake", observation=FRIDGE
+            ),
+            candidate(
+                "Leaving the sink without the sponge wastes steps.",
+                0.6,
+                zone=WARNING,
+                level="pattern",
+                observation=SINK,
+            ),
+        ],
+        quota,
+    )
     library.commit()
     return library
 
@@ -36,11 +47,17 @@ def texts(answer):
 def test_cluster_items_ranked_by_score_and_utility(library):
     answer = retrieve(library, FRIDGE, "pick", k_strategies=2, k_warnings=1)
     assert answer["source"] == "cluster" and answer["library_version"] == 1
-    assert texts(answer) == ["Open the fridge before looking inside it.", "Do not try to take items from a closed fridge.",
-                             "Cold items are usually kept in the fridge."]  # strategy 1, warning 1, strategy 2
+    assert texts(answer) == [
+        "Open the fridge before looking inside it.",
+        "Do not try to take items from a closed fridge.",
+        "Cold items are usually kept in the fridge.",
+    ]  # strategy 1, warning 1, strategy 2
     principle = next(e for e in library.experiences.values() if e.level == "principle")
     principle.utility = 0.6  # injection showed it helps: 0.4 + 0.6 now outranks 0.9
-    assert texts(retrieve(library, FRIDGE, "pick", k_warnings=0)) == [principle.text, "Open the fridge before looking inside it."]
+    assert texts(retrieve(library, FRIDGE, "pick", k_warnings=0)) == [
+        principle.text,
+        "Open the fridge before looking inside it.",
+    ]
 
 
 def test_k_is_respected_and_fallback_fills_by_similarity(library):

@@ -17,15 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import ray
 import redis
+from helpers import listening_addresses, serve_http_port
+from library_helpers import candidate, library_config
 from ray import serve
 
-from helpers import listening_addresses, serve_http_port
 from library.experience import STRATEGY, WARNING
 from library.persistence import snapshot_text
 from library.service import start_serve_app
 from library.state import Library
 from library.sync import Publisher
-from library_helpers import candidate, library_config
 from slea.config import SleaConfig
 
 REQUESTS = 240
@@ -41,13 +41,30 @@ def bounded_app(redis_server, embedder, policy_tokenizer):
     """One replica, max_ongoing_requests=1, max_queued_requests=2, HTTP on the default host."""
     client = redis.Redis.from_url(redis_server.url)
     client.flushall()
-    values = library_config(http_port=serve_http_port(), replicas=1, max_replicas=1, max_ongoing_requests=1,
-                            max_queued_requests=2, target_ongoing_requests=1, max_batch_observations=64).model_dump()
+    values = library_config(
+        http_port=serve_http_port(),
+        replicas=1,
+        max_replicas=1,
+        max_ongoing_requests=1,
+        max_queued_requests=2,
+        target_ongoing_requests=1,
+        max_batch_observations=64,
+    ).model_dump()
     config = SleaConfig.model_validate({"run": {"id": "loadtest"}, "library": values})
     library = Library(config.library, embedder, policy_tokenizer)
-    library.admit([candidate("Open the fridge before looking inside it.", 0.9, observation="You arrive at fridge 1."),
-                   candidate("Never put the sponge in the fridge.", 0.7, zone=WARNING, level="mistake",
-                             observation="You arrive at fridge 1.")], {STRATEGY: 10, WARNING: 5})
+    library.admit(
+        [
+            candidate("Open the fridge before looking inside it.", 0.9, observation="You arrive at fridge 1."),
+            candidate(
+                "Never put the sponge in the fridge.",
+                0.7,
+                zone=WARNING,
+                level="mistake",
+                observation="You arrive at fridge 1.",
+            ),
+        ],
+        {STRATEGY: 10, WARNING: 5},
+    )
     library.commit()
     Publisher(client, config.run.id).start(snapshot_text(library, []))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -81,9 +98,15 @@ def test_load_past_the_queue_bound_gets_503_with_a_reason_and_the_replica_lives(
 
     def one(index: int) -> tuple[int, str, float]:
         time.sleep(max(0.0, start + index / RATE - time.perf_counter()))
-        body = json.dumps({"observations": [f"You arrive at shelf {index}-{j}. On it you see a mug {j}."
-                                            for j in range(OBSERVATIONS_PER_REQUEST)],
-                           "task_types": ["pick"] * OBSERVATIONS_PER_REQUEST}).encode()
+        body = json.dumps(
+            {
+                "observations": [
+                    f"You arrive at shelf {index}-{j}. On it you see a mug {j}."
+                    for j in range(OBSERVATIONS_PER_REQUEST)
+                ],
+                "task_types": ["pick"] * OBSERVATIONS_PER_REQUEST,
+            }
+        ).encode()
         return request(port, "POST", "/retrieve_batch", body)
 
     with ThreadPoolExecutor(CONCURRENCY) as pool:
@@ -94,16 +117,22 @@ def test_load_past_the_queue_bound_gets_503_with_a_reason_and_the_replica_lives(
     rejected = [(body, latency) for status, body, latency in results if status == 503]
     every = sorted(latency for _status, _body, latency in results)
     p = lambda values, q: values[min(len(values) - 1, round(q * (len(values) - 1)))] * 1000  # noqa: E731
-    print(f"\nload test: {REQUESTS} requests at {RATE:.0f}/s over {elapsed:.1f} s, {OBSERVATIONS_PER_REQUEST} "
-          f"observations each: {len(answered)} answered (p50 {p(answered, 0.5):.0f} ms, p99 {p(answered, 0.99):.0f} ms), "
-          f"{len(rejected)} rejected with 503 (p50 {statistics.median(l for _b, l in rejected) * 1000:.1f} ms); "
-          f"all requests p50 {p(every, 0.5):.0f} ms, p99 {p(every, 0.99):.0f} ms")
+    print(
+        f"\nload test: {REQUESTS} requests at {RATE:.0f}/s over {elapsed:.1f} s, {OBSERVATIONS_PER_REQUEST} "
+        f"observations each: {len(answered)} answered (p50 {p(answered, 0.5):.0f} ms, p99 {p(answered, 0.99):.0f} ms), "
+        f"{len(rejected)} rejected with 503 (p50 {statistics.median(latency for _body, latency in rejected) * 1000:.1f} ms); "
+        f"all requests p50 {p(every, 0.5):.0f} ms, p99 {p(every, 0.99):.0f} ms"
+    )
     assert set(statuses) <= {200, 503}, f"statuses other than 200 and 503: {sorted(set(statuses) - {200, 503})}"
     assert answered and rejected, f"{len(answered)} answered, {len(rejected)} rejected: the bound was not reached"
     for body, _latency in rejected:
         assert "backpressure" in body and "max_queued_requests=2" in body, body
     # the replica survives: it answers a normal request and the app is still running
-    status, body, _latency = request(port, "POST", "/retrieve_batch", json.dumps(
-        {"observations": ["You arrive at fridge 1."], "task_types": ["pick"]}).encode())
+    status, body, _latency = request(
+        port,
+        "POST",
+        "/retrieve_batch",
+        json.dumps({"observations": ["You arrive at fridge 1."], "task_types": ["pick"]}).encode(),
+    )
     assert status == 200 and json.loads(body)["results"][0]["experiences"], body
     assert serve.status().applications["slea-library"].status == "RUNNING"

@@ -10,8 +10,9 @@ import time
 import urllib.request
 
 from helpers import serve_http_port
-from library.persistence import latest_snapshot, parse_snapshot
 from library_helpers import steps_of
+
+from library.persistence import latest_snapshot, parse_snapshot
 from slea.config import SleaConfig
 from slea.streams import StreamProducer
 
@@ -19,23 +20,41 @@ KITCHEN = ["You are in the kitchen. You see a fridge 1 and a countertop 1.", "On
 
 
 def get(url: str, body: dict | None = None) -> dict:
-    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=None if body is None else json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     return json.loads(urllib.request.urlopen(request, timeout=10).read())
 
 
 def test_serve_library_process(redis_url, redis_client, tmp_path):
     port = serve_http_port()
-    overrides = [f"redis.url={redis_url}", "run.id=svc", f"run.dir={tmp_path}", f"library.http_port={port}",
-                 "library.max_replicas=1", "library.warmup_versions=0", "library.warmup_experiences=0", "ray.num_cpus=2"]
-    code = ("import sys; from slea.config import load_config; from library.service import serve_library; "
-            f"sys.exit(serve_library(load_config(None, {overrides!r})))")
+    overrides = [
+        f"redis.url={redis_url}",
+        "run.id=svc",
+        f"run.dir={tmp_path}",
+        f"library.http_port={port}",
+        "library.max_replicas=1",
+        "library.warmup_versions=0",
+        "library.warmup_experiences=0",
+        "ray.num_cpus=2",
+    ]
+    code = (
+        "import sys; from slea.config import load_config; from library.service import serve_library; "
+        f"sys.exit(serve_library(load_config(None, {overrides!r})))"
+    )
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         records = []
         for version, group in ((0, "g1"), (1, "g2")):  # g2's newer policy version closes g1's window
-            records += steps_of(f"{group}-win", KITCHEN, ["go to countertop 1", "take apple 1"], success=True,
-                                group_id=group, policy_version=version, run_id="svc")
+            records += steps_of(
+                f"{group}-win",
+                KITCHEN,
+                ["go to countertop 1", "take apple 1"],
+                success=True,
+                group_id=group,
+                policy_version=version,
+                run_id="svc",
+            )
         StreamProducer(redis_client, SleaConfig.model_validate({"run": {"id": "svc"}}).stream_key()).send(records)
         deadline, answer = time.monotonic() + 150, None
         while time.monotonic() < deadline:

@@ -41,8 +41,12 @@ def main(mode: str, redis_url: str, stream: str, port: int) -> None:
     else:
         import ray
 
-        ray.init(num_cpus=1, include_dashboard=False, _metrics_export_port=port,
-                 _system_config={"metrics_report_interval_ms": 500})
+        ray.init(
+            num_cpus=1,
+            include_dashboard=False,
+            _metrics_export_port=port,
+            _system_config={"metrics_report_interval_ms": 500},
+        )
         # inside the actor, metric() switches to the Ray backend by itself; the actor stays alive
         # so its series stay current
         sender = ray.remote(Sender).remote()

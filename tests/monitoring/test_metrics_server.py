@@ -5,6 +5,7 @@ from __future__ import annotations
 import urllib.request
 
 from helpers import listening_addresses
+
 from monitoring.metrics import serve_metrics
 
 

@@ -46,8 +46,13 @@ def wait_for(condition, timeout_s: float, what: str):
 
 def start_component(mode: str, redis_url: str, stream: str, port: int, tmp_path: Path) -> subprocess.Popen:
     log = (tmp_path / f"{mode}.log").open("w")
-    process = subprocess.Popen([sys.executable, str(COMPONENT), mode, redis_url, stream, str(port)],
-                               stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO)
+    process = subprocess.Popen(
+        [sys.executable, str(COMPONENT), mode, redis_url, stream, str(port)],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        cwd=REPO,
+    )
     line = process.stdout.readline()
     if line.strip() != "ready":
         process.kill()
@@ -71,20 +76,35 @@ def prometheus(tmp_path):
         # loses its pod discovery and the relabelling that reads pod metadata)
         (job,) = [job for job in config["scrape_configs"] if job["job_name"] == job_name]
         if job.pop("kubernetes_sd_configs", None) is not None:
-            job["relabel_configs"] = [rule for rule in job.get("relabel_configs", [])
-                                      if not any(label.startswith("__meta_kubernetes") for label in rule["source_labels"])]
+            job["relabel_configs"] = [
+                rule
+                for rule in job.get("relabel_configs", [])
+                if not any(label.startswith("__meta_kubernetes") for label in rule["source_labels"])
+            ]
         job["static_configs"] = [{**(job.get("static_configs") or [{}])[0], "targets": targets}]
         config["scrape_configs"] = [job]
         config_path = tmp_path / "prometheus.yml"
         config_path.write_text(yaml.safe_dump(config))
         port = free_port()
         log = (tmp_path / "prometheus.log").open("w")
-        processes.append(subprocess.Popen(
-            [binary, f"--config.file={config_path}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT))
+        processes.append(
+            subprocess.Popen(
+                [
+                    binary,
+                    f"--config.file={config_path}",
+                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
         api = f"http://127.0.0.1:{port}/api/v1"
-        wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2).status == 200,
-                 30, "prometheus to be ready")
+        wait_for(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2).status == 200,
+            30,
+            "prometheus to be ready",
+        )
         return api
 
     yield start
@@ -110,8 +130,11 @@ def test_prometheus_scrapes_a_prometheus_client_component(prometheus, redis_url,
     component = start_component("client", redis_url, "slea:promtest:steps", port, tmp_path)
     try:
         api = prometheus([f"127.0.0.1:{port}"])
-        series = wait_for(lambda: query(api, 'slea_stream_records_produced_total{stream="slea:promtest:steps"}'),
-                          30, "slea_stream_records_produced_total")
+        series = wait_for(
+            lambda: query(api, 'slea_stream_records_produced_total{stream="slea:promtest:steps"}'),
+            30,
+            "slea_stream_records_produced_total",
+        )
         (sample,) = series
         assert float(sample["value"][1]) == 3
         assert sample["metric"]["run"] == shipped_run_label() and sample["metric"]["job"] == "slea-local"
@@ -130,8 +153,11 @@ def test_prometheus_scrapes_ray_metrics_under_slea_names(prometheus, redis_url, 
     component = start_component("ray", redis_url, "slea:promtest-ray:steps", port, tmp_path)
     try:
         api = prometheus([f"127.0.0.1:{port}"])
-        series = wait_for(lambda: query(api, 'slea_stream_records_produced_total{stream="slea:promtest-ray:steps"}'),
-                          60, "slea_stream_records_produced_total from the Ray actor")
+        series = wait_for(
+            lambda: query(api, 'slea_stream_records_produced_total{stream="slea:promtest-ray:steps"}'),
+            60,
+            "slea_stream_records_produced_total from the Ray actor",
+        )
         (sample,) = series
         assert float(sample["value"][1]) == 3
         labels = sample["metric"]
@@ -149,8 +175,10 @@ def test_prometheus_scrapes_the_redis_exporter_and_the_memory_alert_goes_pending
     the alert goes pending (it fires after its `for`, which the promtool tests cover)."""
     exporter_binary = shutil.which("prometheus-redis-exporter")
     if exporter_binary is None:
-        pytest.skip("prometheus-redis-exporter not installed: apt-get install prometheus-redis-exporter "
-                    "(scripts/setup.sh --dev does)")
+        pytest.skip(
+            "prometheus-redis-exporter not installed: apt-get install prometheus-redis-exporter "
+            "(scripts/setup.sh --dev does)"
+        )
     server = EmbeddedRedis(tmp_path / "redis", appendonly=False).start()
     exporter = None
     try:
@@ -158,18 +186,28 @@ def test_prometheus_scrapes_the_redis_exporter_and_the_memory_alert_goes_pending
         client.config_set("maxmemory", 4 * 1024 * 1024)
         client.config_set("maxmemory-policy", "noeviction")
         port = free_port()
-        exporter = subprocess.Popen([exporter_binary, f"-redis.addr=redis://127.0.0.1:{server.port}",
-                                     f"-web.listen-address=127.0.0.1:{port}"],
-                                    stdout=subprocess.DEVNULL, stderr=(tmp_path / "exporter.log").open("w"))
+        exporter = subprocess.Popen(
+            [exporter_binary, f"-redis.addr=redis://127.0.0.1:{server.port}", f"-web.listen-address=127.0.0.1:{port}"],
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / "exporter.log").open("w"),
+        )
         api = prometheus([f"127.0.0.1:{port}"], job_name="slea-redis")
-        (limit,) = wait_for(lambda: query(api, 'redis_memory_max_bytes{job="slea-redis"}'), 30, "redis_memory_max_bytes")
+        (limit,) = wait_for(
+            lambda: query(api, 'redis_memory_max_bytes{job="slea-redis"}'), 30, "redis_memory_max_bytes"
+        )
         assert float(limit["value"][1]) == 4 * 1024 * 1024
         assert not query(api, 'ALERTS{alertname="SleaRedisMemoryNearLimit"}')
         while client.info("memory")["used_memory"] < 0.9 * 4 * 1024 * 1024:
             client.set(f"filler:{client.dbsize()}", b"x" * 16384)
-        alert = wait_for(lambda: [a for a in get_json(f"{api}/alerts")["data"]["alerts"]
-                                  if a["labels"]["alertname"] == "SleaRedisMemoryNearLimit"], 30,
-                         "SleaRedisMemoryNearLimit to go pending")
+        alert = wait_for(
+            lambda: [
+                a
+                for a in get_json(f"{api}/alerts")["data"]["alerts"]
+                if a["labels"]["alertname"] == "SleaRedisMemoryNearLimit"
+            ],
+            30,
+            "SleaRedisMemoryNearLimit to go pending",
+        )
         assert alert[0]["state"] == "pending" and alert[0]["labels"]["job"] == "slea-redis"
     finally:
         if exporter is not None:

@@ -36,7 +36,10 @@ def test_counter_labels_by_name_or_position():
     counter, backend = wrapped("counter")
     counter.labels(stream="s", group="learner").inc(2)
     counter.labels("s", "library").inc()
-    assert backend.calls == [("inc", 2.0, {"stream": "s", "group": "learner"}), ("inc", 1.0, {"stream": "s", "group": "library"})]
+    assert backend.calls == [
+        ("inc", 2.0, {"stream": "s", "group": "learner"}),
+        ("inc", 1.0, {"stream": "s", "group": "library"}),
+    ]
 
 
 def test_counter_skips_zero_and_refuses_negative():

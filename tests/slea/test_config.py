@@ -54,7 +54,9 @@ def test_grpo_is_verl_agents_grpo():
 
 
 def test_a_preset_never_silently_overwrites_a_key_it_fixes():
-    with pytest.raises(ConfigError, match=r"run\.preset=grpo fixes learner\.omega=0\.0, but the config sets learner\.omega=0\.5"):
+    with pytest.raises(
+        ConfigError, match=r"run\.preset=grpo fixes learner\.omega=0\.0, but the config sets learner\.omega=0\.5"
+    ):
         load_config(None, ["run.preset=grpo", "learner.omega=0.5"])
     with pytest.raises(ConfigError, match=r"run\.preset=task_retrieval fixes actors\.retrieval_mode='task'"):
         load_config(None, ["run.preset=task_retrieval", "actors.retrieval_mode=step"])
@@ -82,19 +84,25 @@ def test_run_edge_turns_on_ab_groups_and_the_distillation():
         load_config(None, ["run.edge=true", "actors.ab_groups=false"])
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    (["run.edge=true", "run.preset=grpo"], "run.edge needs the experience library"),
-    (["run.edge=true", "actors.group_size=1"], "run.edge needs actors.group_size >= 2"),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["run.edge=true", "run.preset=grpo"], "run.edge needs the experience library"),
+        (["run.edge=true", "actors.group_size=1"], "run.edge needs actors.group_size >= 2"),
+    ],
+)
 def test_run_edge_that_cannot_work_is_a_config_error(overrides, expected):
     with pytest.raises(ConfigError, match=expected):
         load_config(None, overrides)
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    (["model.temperature=0"], "model.temperature=0.0 is greedy decoding"),
-    (["model.top_p=0.9"], "model.top_p=0.9"),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["model.temperature=0"], "model.temperature=0.0 is greedy decoding"),
+        (["model.top_p=0.9"], "model.top_p=0.9"),
+    ],
+)
 def test_training_refuses_what_the_learner_cannot_score(overrides, expected):
     config = load_config(None, overrides)  # a valid config: evaluation may decode greedily
     with pytest.raises(ConfigError, match=expected):
@@ -103,25 +111,58 @@ def test_training_refuses_what_the_learner_cannot_score(overrides, expected):
 
 
 def test_cli_preset_conflict_exits_2_naming_both_keys():
-    result = subprocess.run([sys.executable, "-m", "slea.cli", "train", str(REPO / "configs/local.yaml"),
-                             "--set", "run.preset=grpo", "--set", "learner.omega=0.5"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slea.driver.cli",
+            "train",
+            str(REPO / "configs/local.yaml"),
+            "--set",
+            "run.preset=grpo",
+            "--set",
+            "learner.omega=0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
-    assert "run.preset=grpo" in result.stderr and "learner.omega=0.5" in result.stderr and "Traceback" not in result.stderr
+    assert (
+        "run.preset=grpo" in result.stderr and "learner.omega=0.5" in result.stderr and "Traceback" not in result.stderr
+    )
 
 
 def test_config_show_prints_the_resolved_config():
-    result = subprocess.run([sys.executable, "-m", "slea.cli", "config", "show", str(REPO / "configs/local.yaml"),
-                             "--set", "run.preset=grpo"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slea.driver.cli",
+            "config",
+            "show",
+            str(REPO / "configs/local.yaml"),
+            "--set",
+            "run.preset=grpo",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     shown = yaml.safe_load(result.stdout)
     assert shown["run"]["preset"] == "grpo" and shown["library"]["enabled"] is False
     assert shown["learner"]["omega"] == 0.0 and shown["learner"]["advantage_mode"] == "mean_std_norm"
-    assert shown["actors"]["retrieval_mode"] == "none" and shown["envs"]["name"] == "alfworld"  # the file's own keys too
+    assert (
+        shown["actors"]["retrieval_mode"] == "none" and shown["envs"]["name"] == "alfworld"
+    )  # the file's own keys too
 
 
 def test_overrides_are_typed_yaml():
-    config = load_config(REPO / "configs/local.yaml", ["learner.lr=3e-5", "actors.num_workers=3",
-                                                      "envs.params.difficulty=hard", "library.k_warnings=0"])
+    config = load_config(
+        REPO / "configs/local.yaml",
+        ["learner.lr=3e-5", "actors.num_workers=3", "envs.params.difficulty=hard", "library.k_warnings=0"],
+    )
     assert config.learner.lr == 3e-5 and config.actors.num_workers == 3
     assert config.envs.params["difficulty"] == "hard" and config.library.k_warnings == 0
 
@@ -163,7 +204,9 @@ def test_bad_file_is_one_line(tmp_path):
 def test_cli_exits_2_with_one_line_naming_the_key(tmp_path, content, key):
     path = tmp_path / "run.yaml"
     path.write_text(content)
-    result = subprocess.run([sys.executable, "-m", "slea.cli", "train", str(path)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "slea.driver.cli", "train", str(path)], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and key in lines[0] and "Traceback" not in result.stderr
@@ -174,5 +217,7 @@ def test_local_runs_listen_on_loopback_and_bound_serve_queues():
     assert config.library.http_host == config.monitoring.metrics_host == "127.0.0.1"
     assert 1 <= config.library.target_ongoing_requests <= config.library.max_ongoing_requests
     assert config.library.max_queued_requests >= 1
-    with pytest.raises(ConfigError, match="'library'.*target_ongoing_requests \\(9.0\\) must not exceed max_ongoing_requests \\(8\\)"):
+    with pytest.raises(
+        ConfigError, match="'library'.*target_ongoing_requests \\(9.0\\) must not exceed max_ongoing_requests \\(8\\)"
+    ):
         load_config(None, ["library.target_ongoing_requests=9"])

@@ -11,7 +11,9 @@ def test_shipped_model_loads_as_a_plain_checkpoint():
     model, tokenizer = load_model(SHIPPED)
     assert isinstance(model, LlamaForCausalLM) and model.config.num_hidden_layers == 30
     assert not getattr(model, "is_quantized", False) and getattr(model, "hf_quantizer", None) is None
-    assert tokenizer.pad_token_id is not None and tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert tokenizer.pad_token_id is not None and tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False
+    )
     # The cache is reused: resolving twice gives the same directory, and it round-trips.
     assert resolve_checkpoint(SHIPPED) == resolve_checkpoint(str(shipped_gguf()))
 

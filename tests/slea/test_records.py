@@ -14,18 +14,32 @@ int32 = st.integers(-(2**31), 2**31 - 1)
 def step_records(draw, max_prompt=300):
     response_len = draw(st.integers(0, 64))
     return StepRecord(
-        run_id=draw(text), task_id=draw(text), task_type=draw(text), env_name=draw(text),
-        group_id=draw(text), episode_id=draw(text), step=draw(st.integers(0, 10_000)), anchor_obs=draw(text),
+        run_id=draw(text),
+        task_id=draw(text),
+        task_type=draw(text),
+        env_name=draw(text),
+        group_id=draw(text),
+        episode_id=draw(text),
+        step=draw(st.integers(0, 10_000)),
+        anchor_obs=draw(text),
         anchor_cluster=draw(text),
         prompt_ids=np.array(draw(st.lists(int32, max_size=max_prompt)), dtype=np.int32),
         response_ids=np.array(draw(st.lists(int32, min_size=response_len, max_size=response_len)), dtype=np.int32),
         response_logprobs=np.array(
             draw(st.lists(st.floats(width=32, allow_nan=False), min_size=response_len, max_size=response_len)),
-            dtype=np.float32),
-        action=draw(text), action_valid=draw(st.booleans()), reward=draw(st.floats(allow_nan=False)),
-        done=draw(st.booleans()), success=draw(st.booleans()), policy_version=draw(st.integers(0, 2**40)),
-        library_version=draw(st.integers(-1, 2**40)), experience_ids=draw(st.lists(text, max_size=5)),
-        step_budget=draw(st.integers(0, 1000)), with_experience=draw(st.booleans()), abandoned=draw(st.booleans()),
+            dtype=np.float32,
+        ),
+        action=draw(text),
+        action_valid=draw(st.booleans()),
+        reward=draw(st.floats(allow_nan=False)),
+        done=draw(st.booleans()),
+        success=draw(st.booleans()),
+        policy_version=draw(st.integers(0, 2**40)),
+        library_version=draw(st.integers(-1, 2**40)),
+        experience_ids=draw(st.lists(text, max_size=5)),
+        step_budget=draw(st.integers(0, 1000)),
+        with_experience=draw(st.booleans()),
+        abandoned=draw(st.booleans()),
         teacher_prompt_ids=np.array(draw(st.lists(int32, max_size=max_prompt)), dtype=np.int32),
         created_at=draw(st.floats(0, 2e9)),
     )
@@ -41,8 +55,9 @@ def test_round_trip(record):
 
 def test_empty_response_and_8k_prompt():
     rng = np.random.default_rng(0)
-    record = StepRecord("run", "t", "pick", "alfworld", "g", "e", 0, "obs",
-                        prompt_ids=rng.integers(0, 50_000, 8192, dtype=np.int32))
+    record = StepRecord(
+        "run", "t", "pick", "alfworld", "g", "e", 0, "obs", prompt_ids=rng.integers(0, 50_000, 8192, dtype=np.int32)
+    )
     blob = encode(record)
     assert decode(blob) == record
     assert 8192 * 4 <= len(blob) < 8192 * 4 + 1024  # packed, not one msgpack int per token
@@ -72,8 +87,18 @@ def test_schema_v1_records_still_decode_without_a_teacher_prompt():
 
 
 def test_length_mismatch_is_refused_at_encode():
-    record = StepRecord("r", "t", "k", "e", "g", "ep", 0, "o", response_ids=np.array([1, 2], dtype=np.int32),
-                        response_logprobs=np.array([-0.1], dtype=np.float32))
+    record = StepRecord(
+        "r",
+        "t",
+        "k",
+        "e",
+        "g",
+        "ep",
+        0,
+        "o",
+        response_ids=np.array([1, 2], dtype=np.int32),
+        response_logprobs=np.array([-0.1], dtype=np.float32),
+    )
     with pytest.raises(ValueError, match="2 response ids but 1 log-probs"):
         encode(record)
 

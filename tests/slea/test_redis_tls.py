@@ -28,15 +28,21 @@ PASSWORD = "tls-test-password"
 
 def _certificate(subject: str, key, issuer_name, issuer_key, *, ca: bool):
     now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (x509.CertificateBuilder()
-               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-               .issuer_name(issuer_name or x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .issuer_name(issuer_name or x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
     if not ca:
-        builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
     return builder.sign(issuer_key, hashes.SHA256())
 
 
@@ -58,26 +64,51 @@ def tls_redis(tmp_path_factory):
     server_key = ec.generate_private_key(ec.SECP256R1())
     server_cert = _certificate("localhost", server_key, ca_cert.subject, ca_key, ca=False)
     (directory / "server.crt").write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
-    (directory / "server.key").write_bytes(server_key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    (directory / "server.key").write_bytes(
+        server_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
     (directory / "password").write_text(PASSWORD + "\n")  # as a mounted Secret file may end
     tls_port = free_port()
-    server = EmbeddedRedis(directory / "data", appendonly=False, extra_args=[
-        "--tls-port", str(tls_port), "--tls-cert-file", str(directory / "server.crt"),
-        "--tls-key-file", str(directory / "server.key"), "--tls-ca-cert-file", str(ca_path),
-        "--tls-auth-clients", "no",
-        "--user", *f"slea on >{PASSWORD} resetkeys ~slea:tls:* resetchannels -@all +@stream +@read +@write +ping +hello "
-                   "+multi +exec".split(),
-    ]).start()
+    server = EmbeddedRedis(
+        directory / "data",
+        appendonly=False,
+        extra_args=[
+            "--tls-port",
+            str(tls_port),
+            "--tls-cert-file",
+            str(directory / "server.crt"),
+            "--tls-key-file",
+            str(directory / "server.key"),
+            "--tls-ca-cert-file",
+            str(ca_path),
+            "--tls-auth-clients",
+            "no",
+            "--user",
+            *f"slea on >{PASSWORD} resetkeys ~slea:tls:* resetchannels -@all +@stream +@read +@write +ping +hello "
+            "+multi +exec".split(),
+        ],
+    ).start()
     redis.Redis(port=server.port).acl_setuser("default", enabled=False)  # the ready-check used it; now off
-    yield {"url": f"rediss://127.0.0.1:{tls_port}/0", "plain_port": server.port, "ca": str(ca_path),
-           "other_ca": str(other_ca_path), "password_file": str(directory / "password")}
+    yield {
+        "url": f"rediss://127.0.0.1:{tls_port}/0",
+        "plain_port": server.port,
+        "ca": str(ca_path),
+        "other_ca": str(other_ca_path),
+        "password_file": str(directory / "password"),
+    }
     server.stop()
 
 
 def _config(tls_redis, **changes) -> RedisConfig:
-    values = {"url": tls_redis["url"], "username": "slea", "password_env": None,
-              "password_file": tls_redis["password_file"], "tls_ca_file": tls_redis["ca"]}
+    values = {
+        "url": tls_redis["url"],
+        "username": "slea",
+        "password_env": None,
+        "password_file": tls_redis["password_file"],
+        "tls_ca_file": tls_redis["ca"],
+    }
     return RedisConfig(**{**values, **changes})
 
 
@@ -86,9 +117,19 @@ def test_stream_round_trip_over_tls_as_the_acl_user(tls_redis):
     assert client.ping()
     stream = "slea:tls:steps"
     reader = StreamConsumer(client, stream, group="learner", consumer="l0", dead_letter_key="slea:tls:dead")
-    record = StepRecord("tls", "task", "pick", "alfworld", "group", "episode", 0, "You are in the kitchen.",
-                        prompt_ids=np.arange(8, dtype=np.int32), response_ids=np.arange(3, dtype=np.int32),
-                        response_logprobs=np.full(3, -0.5, dtype=np.float32))
+    record = StepRecord(
+        "tls",
+        "task",
+        "pick",
+        "alfworld",
+        "group",
+        "episode",
+        0,
+        "You are in the kitchen.",
+        prompt_ids=np.arange(8, dtype=np.int32),
+        response_ids=np.arange(3, dtype=np.int32),
+        response_logprobs=np.full(3, -0.5, dtype=np.float32),
+    )
     (entry_id,) = StreamProducer(client, stream).send([record])
     (delivery,) = reader.read(count=8, block_ms=100)
     assert delivery.entry_id == entry_id and delivery.record.anchor_obs == "You are in the kitchen."

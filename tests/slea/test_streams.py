@@ -17,9 +17,19 @@ STREAM, DEAD = "slea:test:steps", "slea:test:dead"
 
 def make_records(count: int, episode: str = "ep", start: int = 0) -> list[StepRecord]:
     return [
-        StepRecord("test", "task", "pick", "alfworld", "group", f"{episode}-{(start + i) // 10}", (start + i) % 10, "obs",
-                   prompt_ids=np.arange(20, dtype=np.int32), response_ids=np.arange(3, dtype=np.int32),
-                   response_logprobs=np.full(3, -0.5, dtype=np.float32))
+        StepRecord(
+            "test",
+            "task",
+            "pick",
+            "alfworld",
+            "group",
+            f"{episode}-{(start + i) // 10}",
+            (start + i) % 10,
+            "obs",
+            prompt_ids=np.arange(20, dtype=np.int32),
+            response_ids=np.arange(3, dtype=np.int32),
+            response_logprobs=np.full(3, -0.5, dtype=np.float32),
+        )
         for i in range(count)
     ]
 
@@ -80,8 +90,9 @@ def test_killed_consumer_entries_are_claimed_and_applied_exactly_once(redis_url,
     while time.monotonic() < deadline and redis_client.hlen("applied") < 200:
         deliveries = survivor.read(count=64, block_ms=100)
         for delivery in deliveries:
-            applications += redis_client.hsetnx("applied", f"{delivery.record.episode_id}/{delivery.record.step}",
-                                                delivery.entry_id)
+            applications += redis_client.hsetnx(
+                "applied", f"{delivery.record.episode_id}/{delivery.record.step}", delivery.entry_id
+            )
         survivor.ack([delivery.entry_id for delivery in deliveries])
         time.sleep(0.05)
     assert redis_client.hlen("applied") == 200  # none lost
@@ -118,7 +129,7 @@ def test_entries_of_a_dead_consumer_go_to_the_dead_letter_stream_after_max_deliv
     assert len(crashing[1].read(block_ms=10)) == 1  # claimed: delivery 2, never acked
     time.sleep(0.05)
     assert crashing[2].read(block_ms=10) == []  # a third delivery is refused: dead-lettered
-    (_id, fields), = redis_client.xrange(DEAD)
+    ((_id, fields),) = redis_client.xrange(DEAD)
     assert b"delivered 2 times" in fields[b"reason"]
 
 
@@ -135,7 +146,7 @@ def test_dead_letter_keeps_the_payload(redis_client):
     reader = consumer(redis_client, "learner", "l0")
     redis_client.xadd(STREAM, {PAYLOAD_FIELD: b"\x93\x01\x02\x03"})
     assert reader.read(block_ms=10) == []
-    (_, fields), = redis_client.xrange(DEAD)
+    ((_, fields),) = redis_client.xrange(DEAD)
     assert fields[b"payload"] == b"\x93\x01\x02\x03" and fields[b"group"] == b"learner"
 
 
@@ -223,13 +234,17 @@ def test_transport_metrics_count_what_happened(redis_client):
     group_stats(redis_client, STREAM)
     assert sample("slea_stream_records_produced_total", stream=STREAM) - before["produced"] == 12
     assert sample("slea_stream_records_acked_total", stream=STREAM, group="learner") - before["acked"] == 12
-    assert sample("slea_stream_dead_lettered_total", stream=STREAM, group="learner", reason="malformed") - before["dead"] == 1
+    assert (
+        sample("slea_stream_dead_lettered_total", stream=STREAM, group="learner", reason="malformed") - before["dead"]
+        == 1
+    )
     assert sample("slea_stream_lag", stream=STREAM, group="learner") == 0
     assert sample("slea_stream_bytes_produced_total", stream=STREAM) > 12 * 100
 
 
 def test_auth_password_comes_from_env_or_file(redis_client, redis_url, tmp_path, monkeypatch):
     import pytest
+
     from slea.config import RedisConfig
     from slea.redis_conn import connect
 
@@ -260,7 +275,9 @@ def test_a_full_redis_gives_producers_a_backpressure_error_not_an_oom(redis_clie
     redis_client.config_set("maxmemory", redis_client.info("memory")["used_memory"] + 2 * 1024 * 1024)
     try:
         producer = StreamProducer(redis_client, STREAM, batch_size=64)
-        with pytest.raises(RedisBackpressure, match=r"Redis is full \(maxmemory reached, policy noeviction\).*consumer"):
+        with pytest.raises(
+            RedisBackpressure, match=r"Redis is full \(maxmemory reached, policy noeviction\).*consumer"
+        ):
             for _ in range(1000):  # ~2 MB of records fill it long before this ends
                 producer.send(make_records(64))
         assert REGISTRY.get_sample_value("slea_stream_backpressure_total", {"stream": STREAM}) - before == 1

@@ -12,8 +12,13 @@ from slea.weight_group import WeightGroup, host_store, join_store, plan_buckets,
 
 def test_plan_sends_tied_weights_once_and_splits_by_size_and_dtype():
     table = torch.zeros(4, 8)  # 128 bytes in float32
-    state = {"embed.weight": table, "norm.weight": torch.zeros(8), "lm_head.weight": table,
-             "big.weight": torch.zeros(64), "steps": torch.zeros(2, dtype=torch.int64)}
+    state = {
+        "embed.weight": table,
+        "norm.weight": torch.zeros(8),
+        "lm_head.weight": table,
+        "big.weight": torch.zeros(64),
+        "steps": torch.zeros(2, dtype=torch.int64),
+    }
     plan = plan_buckets(state, bucket_bytes=160)
     assert plan == [
         {"dtype": "float32", "tensors": [["embed.weight", [4, 8]], ["norm.weight", [8]]]},  # 128 + 32 bytes
@@ -27,8 +32,11 @@ def _pair(timeout_s: float):
     """Rank 0 and rank 1 of one group, built at once (each blocks until the other joins)."""
     store = host_store("127.0.0.1", 2, timeout_s)
     groups = {}
-    joiner = threading.Thread(target=lambda: groups.setdefault(
-        1, WeightGroup(join_store("127.0.0.1", store.port, 2, timeout_s), 1, 2, "gloo", timeout_s)))
+    joiner = threading.Thread(
+        target=lambda: groups.setdefault(
+            1, WeightGroup(join_store("127.0.0.1", store.port, 2, timeout_s), 1, 2, "gloo", timeout_s)
+        )
+    )
     joiner.start()
     groups[0] = WeightGroup(store, 0, 2, "gloo", timeout_s)
     joiner.join()

@@ -101,11 +101,15 @@ class AlfworldEnv(TextEnv):
         if self._official_root is not None:
             games = official.game_files(self._official_root, official.split_for(split), self.settings.task_types)
             game_file = games[seed % len(games)]
-            return EnvTask("alfworld", f"alfworld/{split}/{seed}", official.task_type_of(game_file), seed,
-                           params={"game_file": game_file})
+            return EnvTask(
+                "alfworld",
+                f"alfworld/{split}/{seed}",
+                official.task_type_of(game_file),
+                seed,
+                params={"game_file": game_file},
+            )
         task_type = self.settings.task_types[seed % len(self.settings.task_types)]
-        return EnvTask("alfworld", f"alfworld/{split}/{seed}", task_type, seed,
-                       params=asdict(self.settings.difficulty))
+        return EnvTask("alfworld", f"alfworld/{split}/{seed}", task_type, seed, params=asdict(self.settings.difficulty))
 
     def fingerprint(self, task: EnvTask) -> str:
         if "game_file" in task.params:
@@ -135,14 +139,17 @@ class AlfworldEnv(TextEnv):
         return ResetOutcome(self._observation(self._state.feedback), task_text, task.task_type)
 
     def _observation(self, text: str) -> EnvObservation:
-        return EnvObservation(text=text, anchor_obs=self._anchor, admissible_actions=list(self._state.admissible_commands))
+        return EnvObservation(
+            text=text, anchor_obs=self._anchor, admissible_actions=list(self._state.admissible_commands)
+        )
 
     def step(self, action: str | None) -> StepOutcome:
         if self._state is None:
             raise RuntimeError("alfworld: step() before reset()")
         if self._done:
-            return StepOutcome(self._observation(NOTHING_HAPPENS), 0.0, True, self._state.won, False,
-                               info={"episode_over": True})
+            return StepOutcome(
+                self._observation(NOTHING_HAPPENS), 0.0, True, self._state.won, False, info={"episode_over": True}
+            )
         command = " ".join(action.lower().split()) if action else ""
         valid = command in self._state.admissible_commands
         self._steps += 1

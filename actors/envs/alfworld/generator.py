@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import alfworld.gen.constants as alfred_constants
 
@@ -98,7 +98,7 @@ def _start_types(plan: FloorPlan, task_type: str, object_type: str, parent_type:
     return sorted(t for t in plan.receptacle_types - excluded if object_type in catalog.CAN_CONTAIN[t])
 
 
-@lru_cache(maxsize=None)
+@cache
 def task_choices(task_type: str) -> tuple[TaskChoice, ...]:
     """Every (room, target, receptacle) combination a task type can be posed with, in a fixed order."""
     choices = []
@@ -112,8 +112,11 @@ def task_choices(task_type: str) -> tuple[TaskChoice, ...]:
         if task_type == "look_at_obj_in_light":
             if catalog.LAMP_TYPE not in plan.object_types or not plan.receptacle_types & catalog.LAMP_HOST_TYPES:
                 continue
-            choices += [TaskChoice(plan, target, "", catalog.LAMP_TYPE)
-                        for target in targets if _start_types(plan, task_type, target, "")]
+            choices += [
+                TaskChoice(plan, target, "", catalog.LAMP_TYPE)
+                for target in targets
+                if _start_types(plan, task_type, target, "")
+            ]
             continue
         for target in targets:
             for parent_type in sorted(plan.receptacle_types - {appliance}):
@@ -211,8 +214,9 @@ def _lay_out_room(rng: random.Random, task_type: str, choice: TaskChoice, diffic
     return _Layout(receptacles=kept, objects=objects)
 
 
-def _distractors(rng: random.Random, plan: FloorPlan, target_type: str, kept: list[ReceptacleInstance],
-                 count: int | None) -> list[tuple[str, ReceptacleInstance]]:
+def _distractors(
+    rng: random.Random, plan: FloorPlan, target_type: str, kept: list[ReceptacleInstance], count: int | None
+) -> list[tuple[str, ReceptacleInstance]]:
     """Other objects of the room, each in a kept receptacle that can hold it."""
     hosts = {
         object_type: [r for r in kept if object_type in catalog.CAN_CONTAIN[r.receptacle_type]]
@@ -247,8 +251,11 @@ def _problem_text(task_type: str, choice: TaskChoice, layout: _Layout, seed: int
         if receptacle.receptacle_type in catalog.OPENABLE_TYPES:
             facts.append(f"(openable {name})")  # closed at the start, as in ALFWorld
     for receptacle_type in kept_receptacle_types:
-        facts += [f"(canContain {receptacle_type}Type {t}Type)" for t in used_object_types
-                  if t in catalog.CAN_CONTAIN[receptacle_type]]
+        facts += [
+            f"(canContain {receptacle_type}Type {t}Type)"
+            for t in used_object_types
+            if t in catalog.CAN_CONTAIN[receptacle_type]
+        ]
     for alfred_id, object_type, home in layout.objects:
         name = pddl_name(alfred_id)
         facts.append(f"(objectType {name} {object_type}Type)")

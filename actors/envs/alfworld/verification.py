@@ -56,7 +56,14 @@ def verified_walkthrough(game: GeneratedGame, engine: AlfredEngine) -> list[str]
     path.parent.mkdir(parents=True, exist_ok=True)
     # Write then rename, so concurrent actors never read half a file.
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
-        json.dump({"task_type": game.task_type, "floor_plan": game.floor_plan,
-                   "task": game.task_description, "walkthrough": walkthrough}, tmp)
+        json.dump(
+            {
+                "task_type": game.task_type,
+                "floor_plan": game.floor_plan,
+                "task": game.task_description,
+                "walkthrough": walkthrough,
+            },
+            tmp,
+        )
     os.replace(tmp.name, path)
     return walkthrough

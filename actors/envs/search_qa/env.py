@@ -42,8 +42,13 @@ class SearchQAEnv(TextEnv):
 
     def make_task(self, seed: int, split: str) -> EnvTask:
         question = build_question(self.retriever.kb, seed)
-        return EnvTask(env_name=self.name, task_id=f"{self.name}/{split}/{seed}", task_type=question.task_type,
-                       seed=seed, params=dict(self.params))
+        return EnvTask(
+            env_name=self.name,
+            task_id=f"{self.name}/{split}/{seed}",
+            task_type=question.task_type,
+            seed=seed,
+            params=dict(self.params),
+        )
 
     def fingerprint(self, task: EnvTask) -> str:
         # Different seeds can pick the same template and entities: the question is the task.
@@ -57,15 +62,17 @@ class SearchQAEnv(TextEnv):
         self.searched = []
         self.steps_taken = 0
         self.done = False
-        return ResetOutcome(observation=self._observe(), task_text=self.question.text,
-                            task_type=self.question.task_type)
+        return ResetOutcome(
+            observation=self._observe(), task_text=self.question.text, task_type=self.question.task_type
+        )
 
     def step(self, action: str | None) -> StepOutcome:
         if self.question is None:
             raise RuntimeError("SearchQAEnv.step() before reset(): reset the env with a task first")
         if self.done:
-            return StepOutcome(self._observe(NOTHING_HAPPENS), 0.0, True, False, False,
-                               {"error": "episode is over; reset the env"})
+            return StepOutcome(
+                self._observe(NOTHING_HAPPENS), 0.0, True, False, False, {"error": "episode is over; reset the env"}
+            )
         self.steps_taken += 1
         parsed = split_bracket_action(action)
         verb, argument = parsed if parsed else ("", "")
@@ -73,8 +80,9 @@ class SearchQAEnv(TextEnv):
             self.done = True
             correct = exact_match(argument, self.question.answer)
             info = {"em": correct, "f1": token_f1(argument, self.question.answer), "gold_answer": self.question.answer}
-            observation = EnvObservation(text=f"Your answer: {argument}", anchor_obs=self.state_text,
-                                         admissible_actions=[])
+            observation = EnvObservation(
+                text=f"Your answer: {argument}", anchor_obs=self.state_text, admissible_actions=[]
+            )
             return StepOutcome(observation, 1.0 if correct else 0.0, True, correct, True, info)
         if verb == "search":
             self.searched.append(argument)
@@ -102,5 +110,6 @@ class SearchQAEnv(TextEnv):
 
     def _observe(self, prefix: str = "") -> EnvObservation:
         text = f"{prefix}\n{self.state_text}" if prefix else self.state_text
-        return EnvObservation(text=text, anchor_obs=self.state_text,
-                              admissible_actions=[] if self.done else list(ACTION_TEMPLATES))
+        return EnvObservation(
+            text=text, anchor_obs=self.state_text, admissible_actions=[] if self.done else list(ACTION_TEMPLATES)
+        )

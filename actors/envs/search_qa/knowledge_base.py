@@ -14,10 +14,28 @@ DEFAULT_KB_SEED = 1729
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st", "th", "sh")
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
 _CODAS = ("", "", "n", "r", "l", "s", "th", "m")
-OCCUPATIONS = ("physicist", "novelist", "film director", "architect", "chemist", "painter", "composer", "economist",
-               "engineer", "mathematician")
-INDUSTRIES = {"technology": "Systems", "pharmaceutical": "Pharma", "automotive": "Motors", "food": "Foods",
-              "media": "Media", "aerospace": "Aeronautics", "energy": "Power", "shipping": "Lines"}
+OCCUPATIONS = (
+    "physicist",
+    "novelist",
+    "film director",
+    "architect",
+    "chemist",
+    "painter",
+    "composer",
+    "economist",
+    "engineer",
+    "mathematician",
+)
+INDUSTRIES = {
+    "technology": "Systems",
+    "pharmaceutical": "Pharma",
+    "automotive": "Motors",
+    "food": "Foods",
+    "media": "Media",
+    "aerospace": "Aeronautics",
+    "energy": "Power",
+    "shipping": "Lines",
+}
 FILM_GENRES = ("drama", "comedy", "thriller", "science fiction", "documentary", "war")
 TITLE_NOUNS = ("Garden", "River", "Winter", "Lantern", "Harbour", "Mirror", "Orchard", "Tower", "Voyage", "Silence")
 CURRENCY_NOUNS = ("mark", "crown", "florin", "ducat", "real", "dinar")
@@ -115,8 +133,10 @@ class _NameMaker:
 def _person_passage(person: Person, kb_parts: dict) -> str:
     city = kb_parts["cities"][person.birth_city]
     country = kb_parts["countries"][city.country]
-    text = (f"{person.name} (born {person.birth_year}) is a {country.demonym} {person.occupation}. "
-            f"{person.name} was born in {city.name}, {country.name}, in {person.birth_year}.")
+    text = (
+        f"{person.name} (born {person.birth_year}) is a {country.demonym} {person.occupation}. "
+        f"{person.name} was born in {city.name}, {country.name}, in {person.birth_year}."
+    )
     if person.name in kb_parts["founded"]:
         organisation = kb_parts["founded"][person.name]
         text += f" In {organisation.founded_year} {person.name.split()[1]} founded {organisation.name}."
@@ -126,18 +146,27 @@ def _person_passage(person: Person, kb_parts: dict) -> str:
     return text
 
 
-def _generate(seed: int, n_countries: int = 12, cities_per_country: int = 5, n_people: int = 240,
-              n_organisations: int = 80, n_works: int = 100) -> KnowledgeBase:
+def _generate(
+    seed: int,
+    n_countries: int = 12,
+    cities_per_country: int = 5,
+    n_people: int = 240,
+    n_organisations: int = 80,
+    n_works: int = 100,
+) -> KnowledgeBase:
     rng = random.Random(seed)
     names = _NameMaker(rng)
     countries, cities = {}, {}
     for _ in range(n_countries):
         stem = names.word()
-        country_cities = [City(names.word(), stem + "ia", rng.randint(700, 1850), rng.randrange(20_000, 3_000_000, 1000))
-                          for _ in range(cities_per_country)]
+        country_cities = [
+            City(names.word(), stem + "ia", rng.randint(700, 1850), rng.randrange(20_000, 3_000_000, 1000))
+            for _ in range(cities_per_country)
+        ]
         cities.update({city.name: city for city in country_cities})
-        countries[stem + "ia"] = Country(stem + "ia", stem + "ian", country_cities[0].name, stem + "ian",
-                                         f"{stem}ian {rng.choice(CURRENCY_NOUNS)}")
+        countries[stem + "ia"] = Country(
+            stem + "ia", stem + "ian", country_cities[0].name, stem + "ian", f"{stem}ian {rng.choice(CURRENCY_NOUNS)}"
+        )
     city_names = sorted(cities)
     people = {}
     while len(people) < n_people:
@@ -157,23 +186,53 @@ def _generate(seed: int, n_countries: int = 12, cities_per_country: int = 5, n_p
     works = {}
     for creator, kind in rng.sample(creators, min(n_works, len(creators))):
         title = f"The {rng.choice(TITLE_NOUNS)} of {names.word()}"
-        works[title] = Work(title, kind, people[creator].birth_year + rng.randint(25, 60), creator,
-                            rng.choice(FILM_GENRES) if kind == "film" else "literary")
-    kb_parts = {"cities": cities, "countries": countries,
-                "founded": {o.founder: o for o in organisations.values()},
-                "created": {w.creator: w for w in works.values()}}
-    passages = [Passage(c.name, f"{c.name} is a country whose capital is {c.capital}. Its official language is "
-                                f"{c.language} and its currency is the {c.currency}.") for c in countries.values()]
-    passages += [Passage(c.name, f"{c.name} is a city in {c.country}"
-                                 f"{' and its capital' if countries[c.country].capital == c.name else ''}. "
-                                 f"It was founded in {c.founded_year} and has about {c.population:,} inhabitants.")
-                 for c in cities.values()]
+        works[title] = Work(
+            title,
+            kind,
+            people[creator].birth_year + rng.randint(25, 60),
+            creator,
+            rng.choice(FILM_GENRES) if kind == "film" else "literary",
+        )
+    kb_parts = {
+        "cities": cities,
+        "countries": countries,
+        "founded": {o.founder: o for o in organisations.values()},
+        "created": {w.creator: w for w in works.values()},
+    }
+    passages = [
+        Passage(
+            c.name,
+            f"{c.name} is a country whose capital is {c.capital}. Its official language is "
+            f"{c.language} and its currency is the {c.currency}.",
+        )
+        for c in countries.values()
+    ]
+    passages += [
+        Passage(
+            c.name,
+            f"{c.name} is a city in {c.country}"
+            f"{' and its capital' if countries[c.country].capital == c.name else ''}. "
+            f"It was founded in {c.founded_year} and has about {c.population:,} inhabitants.",
+        )
+        for c in cities.values()
+    ]
     passages += [Passage(p.name, _person_passage(p, kb_parts)) for p in people.values()]
-    passages += [Passage(o.name, f"{o.name} is a {o.industry} company founded in {o.founded_year} by {o.founder}. "
-                                 f"It is headquartered in {o.headquarters}.") for o in organisations.values()]
-    passages += [Passage(w.title, f"{w.title} is a {w.year} {w.genre} {w.kind} "
-                                  f"{'directed' if w.kind == 'film' else 'written'} by {w.creator}.")
-                 for w in works.values()]
+    passages += [
+        Passage(
+            o.name,
+            f"{o.name} is a {o.industry} company founded in {o.founded_year} by {o.founder}. "
+            f"It is headquartered in {o.headquarters}.",
+        )
+        for o in organisations.values()
+    ]
+    passages += [
+        Passage(
+            w.title,
+            f"{w.title} is a {w.year} {w.genre} {w.kind} "
+            f"{'directed' if w.kind == 'film' else 'written'} by {w.creator}.",
+        )
+        for w in works.values()
+    ]
     return KnowledgeBase(countries, cities, people, organisations, works, passages)
 
 

@@ -34,6 +34,8 @@ class PassageSearch:
 def load_passage_search(kb_seed: int) -> PassageSearch:
     kb = load_knowledge_base(kb_seed)
     index = bm25s.BM25()
-    index.index(bm25s.tokenize([f"{p.title}. {p.text}" for p in kb.passages], stopwords="en", show_progress=False),
-                show_progress=False)
+    index.index(
+        bm25s.tokenize([f"{p.title}. {p.text}" for p in kb.passages], stopwords="en", show_progress=False),
+        show_progress=False,
+    )
     return PassageSearch(kb=kb, index=index)

@@ -32,8 +32,9 @@ def _single_hop(rng: random.Random, kb: KnowledgeBase) -> Question:
         company = kb.organisations[rng.choice(sorted(kb.organisations))]
         if kind == "founder":
             return Question(f"who founded {company.name}?", company.founder, "single_hop", (company.name,))
-        return Question(f"in what year was {company.name} founded?", str(company.founded_year), "single_hop",
-                        (company.name,))
+        return Question(
+            f"in what year was {company.name} founded?", str(company.founded_year), "single_hop", (company.name,)
+        )
     if kind == "creator":
         work = kb.works[rng.choice(sorted(kb.works))]
         verb = "directed the film" if work.kind == "film" else "wrote the novel"
@@ -46,30 +47,51 @@ def _single_hop(rng: random.Random, kb: KnowledgeBase) -> Question:
 
 
 def _bridge(rng: random.Random, kb: KnowledgeBase) -> Question:
-    kind = rng.choice(("creator_birthplace", "founder_birth_year", "founder_company_city", "city_capital",
-                       "person_language"))
+    kind = rng.choice(
+        ("creator_birthplace", "founder_birth_year", "founder_company_city", "city_capital", "person_language")
+    )
     if kind == "creator_birthplace":
         work = kb.works[rng.choice(sorted(kb.works))]
         role = "director of the film" if work.kind == "film" else "author of the novel"
-        return Question(f"in which city was the {role} {work.title} born?", kb.people[work.creator].birth_city,
-                        "bridge", (work.title, work.creator))
+        return Question(
+            f"in which city was the {role} {work.title} born?",
+            kb.people[work.creator].birth_city,
+            "bridge",
+            (work.title, work.creator),
+        )
     if kind == "founder_birth_year":
         company = kb.organisations[rng.choice(sorted(kb.organisations))]
-        return Question(f"in what year was the founder of {company.name} born?",
-                        str(kb.people[company.founder].birth_year), "bridge", (company.name, company.founder))
+        return Question(
+            f"in what year was the founder of {company.name} born?",
+            str(kb.people[company.founder].birth_year),
+            "bridge",
+            (company.name, company.founder),
+        )
     if kind == "founder_company_city":
         company = kb.organisations[rng.choice(sorted(kb.organisations))]
-        return Question(f"in which city is the company founded by {company.founder} headquartered?",
-                        company.headquarters, "bridge", (company.founder, company.name))
+        return Question(
+            f"in which city is the company founded by {company.founder} headquartered?",
+            company.headquarters,
+            "bridge",
+            (company.founder, company.name),
+        )
     if kind == "city_capital":
         capitals = {country.capital for country in kb.countries.values()}
         city = kb.cities[rng.choice(sorted(set(kb.cities) - capitals))]
-        return Question(f"what is the capital of the country where {city.name} is located?",
-                        kb.countries[city.country].capital, "bridge", (city.name, city.country))
+        return Question(
+            f"what is the capital of the country where {city.name} is located?",
+            kb.countries[city.country].capital,
+            "bridge",
+            (city.name, city.country),
+        )
     person = kb.people[rng.choice(sorted(kb.people))]
     country = kb.countries[kb.cities[person.birth_city].country]
-    return Question(f"what is the official language of the country where {person.name} was born?",
-                    country.language, "bridge", (person.name, country.name))
+    return Question(
+        f"what is the official language of the country where {person.name} was born?",
+        country.language,
+        "bridge",
+        (person.name, country.name),
+    )
 
 
 def _comparison(rng: random.Random, kb: KnowledgeBase) -> Question:
@@ -79,18 +101,27 @@ def _comparison(rng: random.Random, kb: KnowledgeBase) -> Question:
         while first.founded_year == second.founded_year:
             second = kb.organisations[rng.choice(sorted(kb.organisations))]
         earlier = min(first, second, key=lambda company: company.founded_year)
-        return Question(f"which company was founded earlier, {first.name} or {second.name}?", earlier.name,
-                        "comparison", (first.name, second.name))
+        return Question(
+            f"which company was founded earlier, {first.name} or {second.name}?",
+            earlier.name,
+            "comparison",
+            (first.name, second.name),
+        )
     first, second = (kb.people[name] for name in rng.sample(sorted(kb.people), 2))
     if kind == "same_country":
         same = kb.cities[first.birth_city].country == kb.cities[second.birth_city].country
-        return Question(f"were {first.name} and {second.name} born in the same country?", "yes" if same else "no",
-                        "comparison", (first.name, second.name))
+        return Question(
+            f"were {first.name} and {second.name} born in the same country?",
+            "yes" if same else "no",
+            "comparison",
+            (first.name, second.name),
+        )
     while first.birth_year == second.birth_year:
         second = kb.people[rng.choice(sorted(kb.people))]
     earlier = min(first, second, key=lambda person: person.birth_year)
-    return Question(f"who was born first, {first.name} or {second.name}?", earlier.name, "comparison",
-                    (first.name, second.name))
+    return Question(
+        f"who was born first, {first.name} or {second.name}?", earlier.name, "comparison", (first.name, second.name)
+    )
 
 
 def build_question(kb: KnowledgeBase, seed: int) -> Question:

@@ -14,15 +14,23 @@ from actors.envs.sokoban.solver import solve
 
 ACTIONS = tuple(DIRECTIONS)  # up, down, left, right
 NOTHING_HAPPENS = "Nothing happens."
-TASK_TEXT = ("Push every box (X) onto a target (O). # is a wall, _ is floor, √ is a box on a target, "
-             "P is you (S when you stand on a target). Boxes can be pushed, not pulled. Move with up, down, left or right.")
+TASK_TEXT = (
+    "Push every box (X) onto a target (O). # is a wall, _ is floor, √ is a box on a target, "
+    "P is you (S when you stand on a target). Boxes can be pushed, not pulled. Move with up, down, left or right."
+)
 
 
 def room_of(task: EnvTask) -> Room:
     """The generated room of a task; params: size (side incl. walls, default 7), max_walk (30), min_solution_moves (6)."""
     size = int(task.params.get("size", 7))
-    return generate_room(task.seed, size, size, int(task.task_type.removeprefix("boxes_")),
-                         int(task.params.get("max_walk", 30)), int(task.params.get("min_solution_moves", 6)))
+    return generate_room(
+        task.seed,
+        size,
+        size,
+        int(task.task_type.removeprefix("boxes_")),
+        int(task.params.get("max_walk", 30)),
+        int(task.params.get("min_solution_moves", 6)),
+    )
 
 
 def render_board(room: Room, boxes: frozenset[Cell], player: Cell) -> str:
@@ -64,8 +72,13 @@ class SokobanEnv(TextEnv):
 
     def make_task(self, seed: int, split: str) -> EnvTask:
         task_type = random.Random(seed).choice(self.task_types())
-        return EnvTask(env_name=self.name, task_id=f"{self.name}/{split}/{seed}", task_type=task_type, seed=seed,
-                       params=dict(self.params))
+        return EnvTask(
+            env_name=self.name,
+            task_id=f"{self.name}/{split}/{seed}",
+            task_type=task_type,
+            seed=seed,
+            params=dict(self.params),
+        )
 
     def fingerprint(self, task: EnvTask) -> str:
         # Small rooms repeat across seeds: the board is the task.
@@ -85,8 +98,9 @@ class SokobanEnv(TextEnv):
         if self.room is None:
             raise RuntimeError("SokobanEnv.step() before reset(): reset the env with a task first")
         if self.done:
-            return StepOutcome(self._observe(NOTHING_HAPPENS), 0.0, True, False, False,
-                               {"error": "episode is over; reset the env"})
+            return StepOutcome(
+                self._observe(NOTHING_HAPPENS), 0.0, True, False, False, {"error": "episode is over; reset the env"}
+            )
         self.steps_taken += 1
         move = (action or "").strip().lower()
         valid = move in ACTIONS
@@ -95,8 +109,9 @@ class SokobanEnv(TextEnv):
         won = self.boxes == self.room.targets
         self.done = won or self.steps_taken >= self.max_steps
         info = {"boxes_on_target": len(self.boxes & self.room.targets)}
-        return StepOutcome(self._observe("" if valid else NOTHING_HAPPENS), 1.0 if won else 0.0, self.done, won, valid,
-                           info)
+        return StepOutcome(
+            self._observe("" if valid else NOTHING_HAPPENS), 1.0 if won else 0.0, self.done, won, valid, info
+        )
 
     def expert_action(self) -> str | None:
         """Next move of an optimal solution (BFS), re-solved if play left the planned path."""
@@ -113,5 +128,8 @@ class SokobanEnv(TextEnv):
 
     def _observe(self, prefix: str = "") -> EnvObservation:
         board = render_board(self.room, self.boxes, self.player)
-        return EnvObservation(text=f"{prefix}\n{board}" if prefix else board, anchor_obs=board,
-                              admissible_actions=[] if self.done else list(ACTIONS))
+        return EnvObservation(
+            text=f"{prefix}\n{board}" if prefix else board,
+            anchor_obs=board,
+            admissible_actions=[] if self.done else list(ACTIONS),
+        )

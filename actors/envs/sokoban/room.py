@@ -12,8 +12,13 @@ from dataclasses import dataclass
 from actors.envs.sokoban.rules import DIRECTIONS, Cell
 from actors.envs.sokoban.solver import solve
 
-_CARVE_MASKS = (((0, 0),), ((0, 0), (0, 1)), ((0, 0), (1, 0)), ((0, 0), (0, 1), (1, 0), (1, 1)),
-                ((0, 0), (-1, 0), (1, 0), (0, -1), (0, 1)))
+_CARVE_MASKS = (
+    ((0, 0),),
+    ((0, 0), (0, 1)),
+    ((0, 0), (1, 0)),
+    ((0, 0), (0, 1), (1, 0), (1, 1)),
+    ((0, 0), (-1, 0), (1, 0), (0, -1), (0, 1)),
+)
 
 
 @dataclass(frozen=True)
@@ -44,20 +49,24 @@ def _carve(rng: random.Random, height: int, width: int) -> set[Cell]:
     return floor
 
 
-def _reverse_play(rng: random.Random, floor: frozenset[Cell], targets: frozenset[Cell], player: Cell,
-                  max_moves: int) -> tuple[frozenset[Cell], Cell, int]:
+def _reverse_play(
+    rng: random.Random, floor: frozenset[Cell], targets: frozenset[Cell], player: Cell, max_moves: int
+) -> tuple[frozenset[Cell], Cell, int]:
     """Walk backwards pulling boxes; return the state furthest from solved (boxes, player, score)."""
     boxes = targets
     best = (boxes, player, 0)  # boxes, player, score = boxes off target x their distance to targets
     for _ in range(max_moves):
-        open_moves = [move for move, (d_row, d_col) in DIRECTIONS.items()
-                      if (player[0] + d_row, player[1] + d_col) in floor
-                      and (player[0] + d_row, player[1] + d_col) not in boxes]
+        open_moves = [
+            move
+            for move, (d_row, d_col) in DIRECTIONS.items()
+            if (player[0] + d_row, player[1] + d_col) in floor and (player[0] + d_row, player[1] + d_col) not in boxes
+        ]
         if not open_moves:
             break
         # Prefer pulls: a walk that only wanders leaves the boxes where they started.
-        pulls = [move for move in open_moves
-                 if (player[0] - DIRECTIONS[move][0], player[1] - DIRECTIONS[move][1]) in boxes]
+        pulls = [
+            move for move in open_moves if (player[0] - DIRECTIONS[move][0], player[1] - DIRECTIONS[move][1]) in boxes
+        ]
         move = rng.choice(pulls if pulls and rng.random() < 0.7 else open_moves)
         d_row, d_col = DIRECTIONS[move]
         behind = (player[0] - d_row, player[1] - d_col)

@@ -10,8 +10,9 @@ from collections import deque
 from actors.envs.sokoban.rules import DIRECTIONS, Cell, step_in
 
 
-def solve(floor: frozenset[Cell], targets: frozenset[Cell], boxes: frozenset[Cell], player: Cell,
-          max_states: int = 200_000) -> list[str] | None:
+def solve(
+    floor: frozenset[Cell], targets: frozenset[Cell], boxes: frozenset[Cell], player: Cell, max_states: int = 200_000
+) -> list[str] | None:
     """Shortest move list that puts every box on a target; None when unsolvable (or too big to search)."""
     start = (player, boxes)
     parent: dict[tuple[Cell, frozenset[Cell]], tuple[tuple[Cell, frozenset[Cell]], str] | None] = {start: None}

@@ -40,20 +40,24 @@ def _asin(rng: random.Random) -> str:
     return "B0" + "".join(rng.choices(string.ascii_uppercase + string.digits, k=8))
 
 
-def _title(rng: random.Random, brand: str, category: Category, product_type: ProductType,
-           attributes: tuple[str, ...]) -> str:
+def _title(
+    rng: random.Random, brand: str, category: Category, product_type: ProductType, attributes: tuple[str, ...]
+) -> str:
     # Real titles name the brand, a marketing word, the type and one or two selling points.
     shown = ", ".join(attribute.title() for attribute in attributes[: rng.randint(1, 2)])
     return f"{brand} {rng.choice(category.title_words)} {product_type.name.title()} - {shown}"
 
 
 def _description(brand: str, product_type: ProductType, attributes: tuple[str, ...]) -> str:
-    return (f"The {brand} {product_type.name} is made for everyday use. "
-            f"Highlights: {', '.join(attributes)}. Backed by a 30 day return policy.")
+    return (
+        f"The {brand} {product_type.name} is made for everyday use. "
+        f"Highlights: {', '.join(attributes)}. Backed by a 30 day return policy."
+    )
 
 
-def _features(product_type: ProductType, attributes: tuple[str, ...],
-              options: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+def _features(
+    product_type: ProductType, attributes: tuple[str, ...], options: dict[str, tuple[str, ...]]
+) -> tuple[str, ...]:
     bullets = [f"{attribute.upper()}: one reason shoppers choose this {product_type.name}." for attribute in attributes]
     bullets += [f"AVAILABLE {dim.upper()}: {', '.join(values)}." for dim, values in options.items()]
     return tuple(bullets)

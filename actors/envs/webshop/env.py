@@ -12,8 +12,18 @@ from actors.envs.bracket_actions import split_bracket_action
 from actors.envs.registry import register_env
 from actors.envs.webshop.catalogue import DEFAULT_CATALOGUE_SEED, DEFAULT_NUM_PRODUCTS
 from actors.envs.webshop.goals import Goal, build_goal
-from actors.envs.webshop.pages import (BACK_TO_SEARCH, BUY_NOW, DESCRIPTION, FEATURES, NEXT_PAGE, PREV_PAGE,
-                                       RESULTS_PER_PAGE, PageState, RenderedPage, render_page)
+from actors.envs.webshop.pages import (
+    BACK_TO_SEARCH,
+    BUY_NOW,
+    DESCRIPTION,
+    FEATURES,
+    NEXT_PAGE,
+    PREV_PAGE,
+    RESULTS_PER_PAGE,
+    PageState,
+    RenderedPage,
+    render_page,
+)
 from actors.envs.webshop.reward import PurchaseReward, purchase_reward
 from actors.envs.webshop.shop import Shop, load_shop
 from actors.envs.webshop.vocabulary import CATEGORIES
@@ -24,8 +34,9 @@ NOTHING_HAPPENS = "Nothing happens."
 
 def shop_of(params: dict[str, Any]) -> Shop:
     """The shared shop a task's params name (catalogue_seed, num_products)."""
-    return load_shop(int(params.get("catalogue_seed", DEFAULT_CATALOGUE_SEED)),
-                     int(params.get("num_products", DEFAULT_NUM_PRODUCTS)))
+    return load_shop(
+        int(params.get("catalogue_seed", DEFAULT_CATALOGUE_SEED)), int(params.get("num_products", DEFAULT_NUM_PRODUCTS))
+    )
 
 
 @register_env("webshop")
@@ -47,8 +58,13 @@ class WebShopEnv(TextEnv):
 
     def make_task(self, seed: int, split: str) -> EnvTask:
         goal = build_goal(self.shop.products, seed)
-        return EnvTask(env_name=self.name, task_id=f"{self.name}/{split}/{seed}", task_type=goal.category,
-                       seed=seed, params=dict(self.params))
+        return EnvTask(
+            env_name=self.name,
+            task_id=f"{self.name}/{split}/{seed}",
+            task_type=goal.category,
+            seed=seed,
+            params=dict(self.params),
+        )
 
     def fingerprint(self, task: EnvTask) -> str:
         # Two seeds can draw the same product and the same asks: the instruction is the task.
@@ -67,8 +83,14 @@ class WebShopEnv(TextEnv):
         if self.goal is None:
             raise RuntimeError("WebShopEnv.step() before reset(): reset the env with a task first")
         if self.done:
-            return StepOutcome(self._observe(prefix=NOTHING_HAPPENS), 0.0, True, False, False,
-                               {"error": "episode is over; reset the env"})
+            return StepOutcome(
+                self._observe(prefix=NOTHING_HAPPENS),
+                0.0,
+                True,
+                False,
+                False,
+                {"error": "episode is over; reset the env"},
+            )
         self.steps_taken += 1
         parsed = split_bracket_action(action)
         page = self._page()
@@ -88,14 +110,23 @@ class WebShopEnv(TextEnv):
         self.done = purchase is not None or self.steps_taken >= self.max_steps
         info: dict[str, Any] = {"page": self.state.kind}
         if purchase is not None:
-            info.update(purchased_asin=self.state.asin, selected_options=dict(self.state.selected),
-                        reward_parts=asdict(purchase))
+            info.update(
+                purchased_asin=self.state.asin,
+                selected_options=dict(self.state.selected),
+                reward_parts=asdict(purchase),
+            )
             observation = self._purchase_page(purchase)
         else:
             observation = self._observe(prefix="" if valid else NOTHING_HAPPENS)
         reward = purchase.total if purchase else 0.0
-        return StepOutcome(observation=observation, reward=reward, done=self.done,
-                           won=purchase is not None and purchase.total >= 1.0 - 1e-9, action_valid=valid, info=info)
+        return StepOutcome(
+            observation=observation,
+            reward=reward,
+            done=self.done,
+            won=purchase is not None and purchase.total >= 1.0 - 1e-9,
+            action_valid=valid,
+            info=info,
+        )
 
     def expert_action(self) -> str | None:
         """Search the instruction's key words, page to the target, choose the asked options, buy.
@@ -137,13 +168,23 @@ class WebShopEnv(TextEnv):
     def _purchase_page(self, purchase: PurchaseReward) -> EnvObservation:
         product = self.shop.by_asin[self.state.asin]
         chosen = ", ".join(f"{dim}: {value}" for dim, value in self.state.selected.items()) or "none"
-        text = " [SEP] ".join(["Thank you for shopping with us!", "Purchased", product.title, "Options", chosen,
-                               "Your score (min 0.0, max 1.0)", f"{purchase.total:.2f}"])
+        text = " [SEP] ".join(
+            [
+                "Thank you for shopping with us!",
+                "Purchased",
+                product.title,
+                "Options",
+                chosen,
+                "Your score (min 0.0, max 1.0)",
+                f"{purchase.total:.2f}",
+            ]
+        )
         return EnvObservation(text=text, anchor_obs=text, admissible_actions=[])
 
     def _search(self, query: str) -> None:
-        self.state = PageState(kind="results", query=query,
-                               results=[product.asin for product in self.shop.search(query)])
+        self.state = PageState(
+            kind="results", query=query, results=[product.asin for product in self.shop.search(query)]
+        )
 
     def _click(self, label: str) -> None:
         state = self.state

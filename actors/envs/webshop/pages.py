@@ -56,7 +56,7 @@ def _search_page(instruction: str) -> RenderedPage:
 
 def _results_page(state: PageState, shop: Shop) -> RenderedPage:
     first = (state.page_number - 1) * RESULTS_PER_PAGE
-    shown = [shop.by_asin[asin] for asin in state.results[first: first + RESULTS_PER_PAGE]]
+    shown = [shop.by_asin[asin] for asin in state.results[first : first + RESULTS_PER_PAGE]]
     elements = [_button("Back to Search"), f"Page {state.page_number} (Total results: {len(state.results)})"]
     clickables = [BACK_TO_SEARCH]
     if state.page_number > 1:
@@ -80,8 +80,14 @@ def _item_page(state: PageState, product: Product) -> RenderedPage:
             chosen = state.selected.get(dim) == value
             elements.append(f"[clicked button] {value} [clicked button_]" if chosen else _button(value))
             clickables.append(value)
-    elements += [product.title, f"Price: ${product.price:.2f}", "Rating: N.A.",
-                 _button("Description"), _button("Features"), _button("Buy Now")]
+    elements += [
+        product.title,
+        f"Price: ${product.price:.2f}",
+        "Rating: N.A.",
+        _button("Description"),
+        _button("Features"),
+        _button("Buy Now"),
+    ]
     clickables += [DESCRIPTION, FEATURES, BUY_NOW]
     return RenderedPage(text=" [SEP] ".join(elements), clickables=clickables, has_search_bar=False)
 

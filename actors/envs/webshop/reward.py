@@ -43,7 +43,8 @@ def type_reward(product: Product, goal: Goal) -> float:
     """WebShop's get_type_reward: same query or category, else how much of the type name the title shares."""
     query_match = product.product_type == goal.product_type
     shared_levels = {level.strip() for level in product.category_path.split("›")} & {
-        level.strip() for level in goal.category_path.split("›")}
+        level.strip() for level in goal.category_path.split("›")
+    }
     category_match = len(shared_levels) >= 2
     desired_type_words = _tokens(goal.product_type)
     title_score = len(_tokens(product.product_type) & desired_type_words) / len(desired_type_words)
@@ -66,7 +67,9 @@ def attribute_matches(product: Product, goal: Goal) -> int:
 
 def option_matches(selected: dict[str, str], goal: Goal) -> int:
     """Asked option values that match a selected value (dimension names are not compared, as in WebShop)."""
-    return sum(any(_token_set_match(chosen, wanted) for chosen in selected.values()) for wanted in goal.options.values())
+    return sum(
+        any(_token_set_match(chosen, wanted) for chosen in selected.values()) for wanted in goal.options.values()
+    )
 
 
 def purchase_reward(product: Product, selected: dict[str, str], goal: Goal) -> PurchaseReward:

@@ -36,7 +36,8 @@ class Shop:
 def load_shop(seed: int, num_products: int) -> Shop:
     products = generate_catalogue(seed, num_products)
     index = bm25s.BM25()
-    corpus_tokens = bm25s.tokenize([product.searchable_text() for product in products], stopwords="en",
-                                   show_progress=False)
+    corpus_tokens = bm25s.tokenize(
+        [product.searchable_text() for product in products], stopwords="en", show_progress=False
+    )
     index.index(corpus_tokens, show_progress=False)
     return Shop(products=products, by_asin={product.asin: product for product in products}, index=index)

@@ -5,10 +5,10 @@ import asyncio
 import numpy as np
 import pytest
 import torch
+from helpers import forward_logprobs
 
 from actors.engines.base import SamplingSettings
 from actors.engines.transformers_engine import TransformersEngine
-from helpers import forward_logprobs
 from slea.models import tiny_model
 
 
@@ -19,8 +19,12 @@ def tiny():
 
 def prompts(tokenizer):
     texts = ["You are in the middle of a room.", "Your task is to: put a mug in the sink. Go!", "hi"]
-    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True)["input_ids"]
-            for t in texts]
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True)[
+            "input_ids"
+        ]
+        for t in texts
+    ]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
@@ -30,7 +34,9 @@ def test_logprobs_match_a_forward_pass_of_the_same_model(tiny, temperature):
     batch = prompts(tokenizer)  # different lengths: left padding is exercised
     for prompt, generation in zip(batch, engine.generate_batch(batch)):
         assert generation.prompt_ids == list(prompt)
-        assert generation.response_ids.dtype == np.int32 and len(generation.response_ids) == len(generation.logprobs) > 0
+        assert (
+            generation.response_ids.dtype == np.int32 and len(generation.response_ids) == len(generation.logprobs) > 0
+        )
         expected = forward_logprobs(model, prompt, generation.response_ids, temperature or 1.0)
         np.testing.assert_allclose(generation.logprobs, expected, atol=2e-4)
         assert generation.policy_version == 0
@@ -43,7 +49,9 @@ def test_response_is_cut_after_the_stop_text_or_eos(tiny):
     tokens = tokenizer.encode(text, add_special_tokens=False)
     finished = engine._finish([1, 2], tokens, np.zeros(len(tokens), dtype=np.float32))
     assert finished.text.endswith("</action>") and finished.finish_reason == "stop"
-    assert tokenizer.decode(finished.response_ids) == "<think>the mug is dirty</think><action>go to sinkbasin 1</action>"
+    assert (
+        tokenizer.decode(finished.response_ids) == "<think>the mug is dirty</think><action>go to sinkbasin 1</action>"
+    )
     with_eos = tokenizer.encode("<action>look", add_special_tokens=False) + [tokenizer.eos_token_id, 5, 6]
     finished = engine._finish([1], with_eos, np.zeros(len(with_eos), dtype=np.float32))
     assert finished.response_ids[-1] == tokenizer.eos_token_id and finished.finish_reason == "stop"

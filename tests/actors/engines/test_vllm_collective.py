@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from helpers import forward_logprobs, perturbed_shipped_model
-from slea.weight_group import WeightGroup, host_store, plan_buckets, send_weights
 from test_vllm_engine import vllm_interpreter
+
+from slea.weight_group import WeightGroup, host_store, plan_buckets, send_weights
 
 
 @pytest.mark.slow
@@ -27,9 +27,20 @@ def test_vllm_engine_receives_broadcast_weights(tmp_path):
     store = host_store("127.0.0.1", 2, timeout_s=300)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
     probe = subprocess.Popen(
-        [python, str(Path(__file__).with_name("vllm_collective_probe.py")), checkpoint, str(tmp_path / "plan.json"),
-         "127.0.0.1", str(store.port), str(tmp_path / "out.json")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        [
+            python,
+            str(Path(__file__).with_name("vllm_collective_probe.py")),
+            checkpoint,
+            str(tmp_path / "plan.json"),
+            "127.0.0.1",
+            str(store.port),
+            str(tmp_path / "out.json"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         group = WeightGroup(store, 0, 2, "gloo", timeout_s=300)  # waits for the engine's worker to join
         send_weights(group, weights, plan)

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import perturbed_shipped_model
 from safetensors.torch import save_file
 
-from helpers import perturbed_shipped_model
 from learner.batch import TrainSample, collate, response_logits
 from learner.loss import gather_logprobs
 
@@ -43,18 +43,36 @@ def test_vllm_engine_logprobs_weight_update_and_a_renamed_key_refused(tmp_path):
     save_file(weights, tmp_path / "new.safetensors")
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
     result = subprocess.run(
-        [python, str(Path(__file__).with_name("vllm_probe.py")), checkpoint, str(tmp_path / "new.safetensors"),
-         str(tmp_path / "out.json"), str(TEMPERATURE)], capture_output=True, text=True, timeout=900, env=env)
+        [
+            python,
+            str(Path(__file__).with_name("vllm_probe.py")),
+            checkpoint,
+            str(tmp_path / "new.safetensors"),
+            str(tmp_path / "out.json"),
+            str(TEMPERATURE),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     out = json.loads((tmp_path / "out.json").read_text())
     for phase, policy, version in (("before", model, 0), ("after", replacement, 3)):
         for generation in out[phase]:
-            assert generation["policy_version"] == version and len(generation["response_ids"]) == len(generation["logprobs"]) > 0
+            assert (
+                generation["policy_version"] == version
+                and len(generation["response_ids"]) == len(generation["logprobs"]) > 0
+            )
             learner = learner_logprobs(policy, generation["prompt_ids"], generation["response_ids"])
             np.testing.assert_allclose(generation["logprobs"], learner, atol=1e-3)
             untempered = learner_logprobs(policy, generation["prompt_ids"], generation["response_ids"], temperature=1.0)
-            assert np.abs(np.asarray(generation["logprobs"]) - untempered).max() > 1e-2  # the check can tell the two apart
-    assert out["refused"] is not None and "missing ['model.norm.weight'], unexpected ['model.norm.bias']" in out["refused"]
+            assert (
+                np.abs(np.asarray(generation["logprobs"]) - untempered).max() > 1e-2
+            )  # the check can tell the two apart
+    assert (
+        out["refused"] is not None and "missing ['model.norm.weight'], unexpected ['model.norm.bias']" in out["refused"]
+    )
     assert out["version_after_refusal"] == 3
 
 
@@ -63,8 +81,13 @@ TEMPERATURE = 0.7  # configs/local.yaml's
 
 def learner_logprobs(model, prompt_ids, response_ids, temperature: float = TEMPERATURE) -> np.ndarray:
     """The learner's log-probs of the response: its collation, `response_logits` at T, `gather_logprobs`."""
-    sample = TrainSample(np.asarray(prompt_ids, np.int32), np.asarray(response_ids, np.int32),
-                         np.zeros(len(response_ids), np.float32), 0.0, 0)
+    sample = TrainSample(
+        np.asarray(prompt_ids, np.int32),
+        np.asarray(response_ids, np.int32),
+        np.zeros(len(response_ids), np.float32),
+        0.0,
+        0,
+    )
     batch = collate([sample], pad_id=0)
     with torch.no_grad():
         return gather_logprobs(response_logits(model, batch, temperature), batch.response_ids)[0].numpy()

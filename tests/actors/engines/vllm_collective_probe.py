@@ -31,8 +31,15 @@ def main(checkpoint: str, plan_path: str, host: str, port: str, out: str) -> Non
         return first, second, joined
 
     first, second, joined = asyncio.run(scenario())
-    Path(out).write_text(json.dumps({"before": [generation_json(g) for g in first],
-                                     "after": [generation_json(g) for g in second], "joined": joined}))
+    Path(out).write_text(
+        json.dumps(
+            {
+                "before": [generation_json(g) for g in first],
+                "after": [generation_json(g) for g in second],
+                "joined": joined,
+            }
+        )
+    )
     engine.close()
 
 

@@ -18,19 +18,29 @@ def probe_engine(checkpoint: str, temperature: float = 1.0):
     from actors.engines.base import SamplingSettings
     from actors.engines.vllm_engine import VllmEngine
 
-    engine = VllmEngine(checkpoint, SamplingSettings(temperature=temperature, max_new_tokens=10),
-                        engine_args={"gpu_memory_utilization": 0.2, "max_model_len": 1024})
+    engine = VllmEngine(
+        checkpoint,
+        SamplingSettings(temperature=temperature, max_new_tokens=10),
+        engine_args={"gpu_memory_utilization": 0.2, "max_model_len": 1024},
+    )
     tokenizer = engine.tokenizer
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=True)["input_ids"]
-               for text in ["You are in the middle of a room.", "Your task is to: put a mug in the sink."]]
+    prompts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)[
+            "input_ids"
+        ]
+        for text in ["You are in the middle of a room.", "Your task is to: put a mug in the sink."]
+    ]
     return engine, prompts
 
 
 def generation_json(generation) -> dict:
-    return {"prompt_ids": generation.prompt_ids, "response_ids": generation.response_ids.tolist(),
-            "logprobs": generation.logprobs.tolist(), "policy_version": generation.policy_version,
-            "text": generation.text}
+    return {
+        "prompt_ids": generation.prompt_ids,
+        "response_ids": generation.response_ids.tolist(),
+        "logprobs": generation.logprobs.tolist(),
+        "policy_version": generation.policy_version,
+        "text": generation.text,
+    }
 
 
 def main(checkpoint: str, new_weights: str, out: str, temperature: str = "1.0") -> None:
@@ -54,9 +64,16 @@ def main(checkpoint: str, new_weights: str, out: str, temperature: str = "1.0") 
         return first, second, refused, engine.policy_version
 
     first, second, refused, version = asyncio.run(scenario())
-    Path(out).write_text(json.dumps({"before": [generation_json(g) for g in first],
-                                     "after": [generation_json(g) for g in second],
-                                     "refused": refused, "version_after_refusal": version}))
+    Path(out).write_text(
+        json.dumps(
+            {
+                "before": [generation_json(g) for g in first],
+                "after": [generation_json(g) for g in second],
+                "refused": refused,
+                "version_after_refusal": version,
+            }
+        )
+    )
     engine.close()
 
 

@@ -103,7 +103,9 @@ def test_anchor_is_the_state_not_the_engines_reply(easy_env):
     after_start = easy_env.step("fly to the moon").observation
     assert after_start.text == "Nothing happens." and after_start.anchor_obs == start.anchor_obs
     moved = easy_env.step(next(a for a in start.admissible_actions if a.startswith("go to"))).observation
-    assert moved.text.startswith("You arrive at") and moved.anchor_obs == moved.text  # a move: its reply is the new state
+    assert (
+        moved.text.startswith("You arrive at") and moved.anchor_obs == moved.text
+    )  # a move: its reply is the new state
     after_move = easy_env.step("fly to the moon").observation
     assert after_move.text == "Nothing happens." and after_move.anchor_obs == moved.anchor_obs
     assert after_start.anchor_obs != after_move.anchor_obs
@@ -115,8 +117,10 @@ def test_anchor_is_the_state_not_the_engines_reply(easy_env):
 
 
 def test_commands_are_alfworlds():
-    env = make_env("alfworld", params={"difficulty": "easy", "source": "generated",
-                                       "task_types": ["pick_heat_then_place_in_recep"]})
+    env = make_env(
+        "alfworld",
+        params={"difficulty": "easy", "source": "generated", "task_types": ["pick_heat_then_place_in_recep"]},
+    )
     reset = env.reset(env.make_task(3, "train"))
     assert reset.observation.text.startswith("You are in the middle of a room. Looking quickly around you, you see")
     assert reset.task_text.startswith("Your task is to: ")
@@ -165,8 +169,9 @@ def test_generation_does_not_depend_on_the_process():
         "print([generate_game(s, t, DIFFICULTIES['full']).content_hash for s in (3, 4) for t in TASK_TYPES])"
     )
     other_hash_seed = {**os.environ, "PYTHONHASHSEED": "12345"}
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=other_hash_seed, capture_output=True,
-                            text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=other_hash_seed, capture_output=True, text=True, check=True
+    )
     here = [generate_game(s, t, DIFFICULTIES["full"]).content_hash for s in (3, 4) for t in catalog.TASK_TYPES]
     assert result.stdout.strip() == str(here)
 

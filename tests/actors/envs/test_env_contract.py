@@ -26,8 +26,19 @@ CONTENT_DIGESTS = {
 # Random admissible play must stay well below the expert (measured: webshop 0, search_qa ~0,
 # frozenlake ~0.05, sokoban ~0.03 over 100 episodes).
 RANDOM_SUCCESS_CEILING = 0.2
-BAD_ACTIONS = [None, "", " ", "x" * 10_000, "click[", "search[]", "answer[", "]]][[[", "go north", "\x00\n\t",
-               "click[" + "y" * 10_000 + "]"]
+BAD_ACTIONS = [
+    None,
+    "",
+    " ",
+    "x" * 10_000,
+    "click[",
+    "search[]",
+    "answer[",
+    "]]][[[",
+    "go north",
+    "\x00\n\t",
+    "click[" + "y" * 10_000 + "]",
+]
 
 
 def content_digest(env_name: str) -> str:
@@ -36,8 +47,9 @@ def content_digest(env_name: str) -> str:
     for seed in (0, 1, 2, 12345):
         reset = env.reset(env.make_task(seed, "train"))
         step = env.step(env.expert_action())
-        digest.update("\n".join([reset.task_type, reset.task_text, reset.observation.text,
-                                 step.observation.text, ""]).encode())
+        digest.update(
+            "\n".join([reset.task_type, reset.task_text, reset.observation.text, step.observation.text, ""]).encode()
+        )
     return digest.hexdigest()
 
 

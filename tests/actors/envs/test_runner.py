@@ -40,8 +40,13 @@ def test_random_action_fills_free_text_slots_from_the_observation():
 
 
 def test_bench_envs_reports_throughput_and_skips_unimportable_envs():
-    report = bench_envs(["webshop", "frozenlake", "ghost"], resets=5, steps=50, seed=0,
-                        plugins={"ghost": "no_such_module_anywhere:GhostEnv"})
+    report = bench_envs(
+        ["webshop", "frozenlake", "ghost"],
+        resets=5,
+        steps=50,
+        seed=0,
+        plugins={"ghost": "no_such_module_anywhere:GhostEnv"},
+    )
     json.dumps(report)
     for name in ("webshop", "frozenlake"):
         assert report["envs"][name]["resets"] == 5 and report["envs"][name]["steps_per_s"] > 0

@@ -124,11 +124,15 @@ def test_panels_are_disjoint_from_training():
 
 
 def test_clean_feedback_drops_prompt_status_and_end_menu():
-    raw = ("\nYou pick up the coin from the ground.\n\n\n\nYour score has just gone up by one point.\n\n\n"
-           "      *** The End ***\n\nYou scored 1 out of a possible 1, in 4 turns.\n\n\nWould you like to RESTART?\n>"
-           "           -= Kitchenette =-0/3")
+    raw = (
+        "\nYou pick up the coin from the ground.\n\n\n\nYour score has just gone up by one point.\n\n\n"
+        "      *** The End ***\n\nYou scored 1 out of a possible 1, in 4 turns.\n\n\nWould you like to RESTART?\n>"
+        "           -= Kitchenette =-0/3"
+    )
     assert clean_feedback(raw) == "You pick up the coin from the ground.\n\nYour score has just gone up by one point."
     assert clean_feedback("\nYou can't go that way.\n\n\n>      -= Bedroom =-0/2") == "You can't go that way."
-    lost = ("\nYou take the insect from the table.\n\n\n\n      *** You lost! ***\n\nYou scored 0 out of a possible 1,"
-            " in 75 turns.\n\n\nWould you like to RESTART?\n>         -= Washroom =-0/75")
+    lost = (
+        "\nYou take the insect from the table.\n\n\n\n      *** You lost! ***\n\nYou scored 0 out of a possible 1,"
+        " in 75 turns.\n\n\nWould you like to RESTART?\n>         -= Washroom =-0/75"
+    )
     assert clean_feedback(lost) == "You take the insect from the table.\n\nYou lost!"

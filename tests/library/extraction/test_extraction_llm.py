@@ -8,21 +8,32 @@ of the right shape, which must become candidates and be admitted.
 import json
 
 import pytest
+from library_helpers import episode_of, library_config
 
 from library.experience import STRATEGY, WARNING
 from library.extraction import parse
 from library.extraction.llm import LLMExtractor, TransformersChat
 from library.state import Library
-from library_helpers import episode_of, library_config
 
 OBS = ["You see a countertop 1 and a fridge 1.", "You pick up the apple 1."]
 SUCCESS = episode_of("s", OBS, ["take apple 1 from countertop 1", "put apple 1 in fridge 1"], success=True)
 FAILURE = episode_of("f", OBS, ["take apple 1 from countertop 1", "eat apple 1"], success=False)
 
-VALID_B = json.dumps([{"level": "method", "content": "Take the apple before opening the fridge.", "cue": "apple on countertop", "step": 0},
-                      {"level": "example", "content": "put apple 1 in fridge 1 finished it.", "cue": "holding the apple", "step": 1}])
-VALID_C = ('```json\n[{"level": "mistake", "content": "Eating the apple ends the task.", "trigger": "holding the apple",'
-           ' "step": 1, "avoid": "eat apple 1", "instead": "put apple 1 in fridge 1"}]\n```')
+VALID_B = json.dumps(
+    [
+        {
+            "level": "method",
+            "content": "Take the apple before opening the fridge.",
+            "cue": "apple on countertop",
+            "step": 0,
+        },
+        {"level": "example", "content": "put apple 1 in fridge 1 finished it.", "cue": "holding the apple", "step": 1},
+    ]
+)
+VALID_C = (
+    '```json\n[{"level": "mistake", "content": "Eating the apple ends the task.", "trigger": "holding the apple",'
+    ' "step": 1, "avoid": "eat apple 1", "instead": "put apple 1 in fridge 1"}]\n```'
+)
 
 
 def test_valid_answers_become_candidates_of_the_named_steps():
@@ -30,20 +41,30 @@ def test_valid_answers_become_candidates_of_the_named_steps():
     assert (method.zone, method.level, method.trigger_observations) == (STRATEGY, "method", [OBS[0]])
     assert example.trigger_observations == [OBS[1]] and example.source_episode_ids == ["s"]
     (warning,) = parse.parse_warnings(VALID_C, FAILURE)  # one ``` fence is accepted
-    assert (warning.zone, warning.avoid_action, warning.instead_action) == (WARNING, "eat apple 1", "put apple 1 in fridge 1")
+    assert (warning.zone, warning.avoid_action, warning.instead_action) == (
+        WARNING,
+        "eat apple 1",
+        "put apple 1 in fridge 1",
+    )
     assert parse.parse_strategies("[]", SUCCESS) == []  # nothing to add is a valid answer
 
 
-@pytest.mark.parametrize("answer, reason", [
-    ('Here are the lessons: [{"level": "method"}]', "not_json"),
-    ('[{"level": "method", "content": "Take the apple first.", "cue": "x", "step": 0}', "not_json"),
-    ('{"level": "method", "content": "Take the apple first.", "cue": "x", "step": 0}', "not_a_list"),
-    (json.dumps([{"level": "method", "content": "Take the apple first.", "cue": "x", "step": 0}] * 4), "too_many_items"),
-    ('[{"level": "strategy", "content": "Take the apple first.", "cue": "x", "step": 0}]', "bad_item"),
-    ('[{"level": "method", "content": "Take the apple first.", "cue": "x", "step": 5}]', "bad_item"),
-    ('[{"level": "method", "content": "Take the apple first.", "cue": "x", "step": "first"}]', "bad_item"),
-    ('[{"level": "method", "content": "", "cue": "x", "step": 0}]', "bad_item"),
-])
+@pytest.mark.parametrize(
+    "answer, reason",
+    [
+        ('Here are the lessons: [{"level": "method"}]', "not_json"),
+        ('[{"level": "method", "content": "Take the apple first.", "cue": "x", "step": 0}', "not_json"),
+        ('{"level": "method", "content": "Take the apple first.", "cue": "x", "step": 0}', "not_a_list"),
+        (
+            json.dumps([{"level": "method", "content": "Take the apple first.", "cue": "x", "step": 0}] * 4),
+            "too_many_items",
+        ),
+        ('[{"level": "strategy", "content": "Take the apple first.", "cue": "x", "step": 0}]', "bad_item"),
+        ('[{"level": "method", "content": "Take the apple first.", "cue": "x", "step": 5}]', "bad_item"),
+        ('[{"level": "method", "content": "Take the apple first.", "cue": "x", "step": "first"}]', "bad_item"),
+        ('[{"level": "method", "content": "", "cue": "x", "step": 0}]', "bad_item"),
+    ],
+)
 def test_malformed_answers_are_rejected_with_a_reason(answer, reason):
     with pytest.raises(parse.ExtractionRejected) as caught:
         parse.parse_strategies(answer, SUCCESS)

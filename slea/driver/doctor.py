@@ -49,7 +49,9 @@ def _redis() -> Check:
             info = redis.Redis.from_url(server.url).info("server")
         return Check("redis-server", True, f"{binary} {info['redis_version']} (started and answered PING)")
     except Exception as exc:
-        return Check("redis-server", False, f"{binary} failed to start: {exc}", "check redis-server runs: redis-server --version")
+        return Check(
+            "redis-server", False, f"{binary} failed to start: {exc}", "check redis-server runs: redis-server --version"
+        )
 
 
 def _gpu() -> Check:
@@ -58,7 +60,13 @@ def _gpu() -> Check:
 
         if torch.cuda.is_available():
             return Check("gpu", True, f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}", required=False)
-        return Check("gpu", False, "no CUDA device (CPU engine and learner will be used)", "only needed for configs/gpu.yaml", False)
+        return Check(
+            "gpu",
+            False,
+            "no CUDA device (CPU engine and learner will be used)",
+            "only needed for configs/gpu.yaml",
+            False,
+        )
     except Exception as exc:
         return Check("gpu", False, str(exc), "install torch", False)
 

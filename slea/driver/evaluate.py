@@ -56,8 +56,10 @@ def resolve_policy(model_or_checkpoint: str) -> PolicySource:
         root = path if (path / "latest").is_file() else path / CHECKPOINTS
         checkpoint = _latest_checkpoint(root)
         if checkpoint is None:
-            raise FileNotFoundError(f"{path} has no complete learner checkpoint yet (looked for {root / 'latest'}); "
-                                    "evaluate it after its first checkpoint, or give a model name")
+            raise FileNotFoundError(
+                f"{path} has no complete learner checkpoint yet (looked for {root / 'latest'}); "
+                "evaluate it after its first checkpoint, or give a model name"
+            )
     else:  # a save_pretrained folder; load_model says what is wrong if it is not one
         return PolicySource(str(path), None, 0, None)
     state = json.loads((checkpoint / "state.json").read_text())
@@ -82,11 +84,21 @@ def eval_config(source: PolicySource, config_file: str | None, overrides: list[s
     return load_config(config_file, overrides)
 
 
-def evaluate_engine(engine: GenerationEngine, config: SleaConfig, *, env_name: str | None = None,
-                    panel: str | None = None, samples_per_task: int = 4, ks: list[int] | None = None,
-                    budgets: list[int] | None = None, retrieval: RetrievalClient | None = None,
-                    library_note: str = "not requested", out_dir: str | Path | None = None,
-                    facts: dict | None = None, env_pool: list | None = None) -> EvalReport:
+def evaluate_engine(
+    engine: GenerationEngine,
+    config: SleaConfig,
+    *,
+    env_name: str | None = None,
+    panel: str | None = None,
+    samples_per_task: int = 4,
+    ks: list[int] | None = None,
+    budgets: list[int] | None = None,
+    retrieval: RetrievalClient | None = None,
+    library_note: str = "not requested",
+    out_dir: str | Path | None = None,
+    facts: dict | None = None,
+    env_pool: list | None = None,
+) -> EvalReport:
     """Play the panel of `env_name` (default config.envs.name) through `engine`; writes the report if
     `out_dir`. With `env_pool` the envs are taken from and left in it (see play_panel)."""
     envs = config.envs
@@ -97,47 +109,106 @@ def evaluate_engine(engine: GenerationEngine, config: SleaConfig, *, env_name: s
     tasks = panel_tasks(template, panel, size=envs.panel_size)
     step_budget = envs.max_steps or template.max_steps
     settings = PanelSettings(
-        samples_per_task=samples_per_task, step_budget=step_budget, temperature=config.model.temperature,
-        ks=ks or default_ks(samples_per_task), budgets=budgets or default_budgets(step_budget),
+        samples_per_task=samples_per_task,
+        step_budget=step_budget,
+        temperature=config.model.temperature,
+        ks=ks or default_ks(samples_per_task),
+        budgets=budgets or default_budgets(step_budget),
         retrieval_mode=config.actors.retrieval_mode if config.actors.retrieval_mode in ("step", "task") else "step",
     )
     builder = PromptBuilder.from_config(engine.tokenizer, config)
-    result = asyncio.run(play_panel(engine, lambda: make_env(env_name, params, envs.max_steps, envs.plugins), tasks,
-                                    builder, retrieval, settings, library_note, env_pool))
+    result = asyncio.run(
+        play_panel(
+            engine,
+            lambda: make_env(env_name, params, envs.max_steps, envs.plugins),
+            tasks,
+            builder,
+            retrieval,
+            settings,
+            library_note,
+            env_pool,
+        )
+    )
     template.close()
-    facts = {"model": "(engine given directly)", "env": env_name, "panel": panel, "env_params": params,
-             "created_at": time.strftime("%Y-%m-%d %H:%M:%S"), **(facts or {})}
+    facts = {
+        "model": "(engine given directly)",
+        "env": env_name,
+        "panel": panel,
+        "env_params": params,
+        "created_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **(facts or {}),
+    }
     files = write_report(result, facts, out_dir) if out_dir is not None else {}
     return EvalReport(result, report_dict(result, facts), files)
 
 
-def evaluate(model_or_checkpoint: str, env_name: str | None = None, panel: str | None = None, *,
-             samples_per_task: int = 4, ks: list[int] | None = None, budgets: list[int] | None = None,
-             config_file: str | None = None, overrides: list[str] = (), out_dir: str | Path | None = None,
-             use_library: bool = True, max_batch: int = 16) -> EvalReport:
+def evaluate(
+    model_or_checkpoint: str,
+    env_name: str | None = None,
+    panel: str | None = None,
+    *,
+    samples_per_task: int = 4,
+    ks: list[int] | None = None,
+    budgets: list[int] | None = None,
+    config_file: str | None = None,
+    overrides: list[str] = (),
+    out_dir: str | Path | None = None,
+    use_library: bool = True,
+    max_batch: int = 16,
+) -> EvalReport:
     """`slea eval`: resolve the policy, load it once into one engine, serve the library if there is one, play."""
-    from slea.eval_library import eval_library
+    from slea.driver.eval_library import eval_library
 
     source = resolve_policy(model_or_checkpoint)
     config = eval_config(source, config_file, list(overrides))
     model = config.model
-    engine = make_engine(config.actors.engine, source.model_name,
-                         SamplingSettings(temperature=model.temperature, top_p=model.top_p, max_new_tokens=model.max_new_tokens),
-                         dtype=model.dtype, max_batch=max_batch, engine_args=config.actors.engine_args)
+    engine = make_engine(
+        config.actors.engine,
+        source.model_name,
+        SamplingSettings(temperature=model.temperature, top_p=model.top_p, max_new_tokens=model.max_new_tokens),
+        dtype=model.dtype,
+        max_batch=max_batch,
+        engine_args=config.actors.engine_args,
+    )
     if out_dir is None:
         base = source.run_dir / "eval" if source.run_dir is not None else Path(config.run.dir) / "eval"
-        out_dir = base / f"{env_name or config.envs.name}-{panel or config.envs.eval_panel}-{time.strftime('%Y%m%d-%H%M%S')}"
+        out_dir = (
+            base / f"{env_name or config.envs.name}-{panel or config.envs.eval_panel}-{time.strftime('%Y%m%d-%H%M%S')}"
+        )
     # A freshly loaded engine counts versions from 0; a checkpoint knows the version it holds.
-    facts = {"model": model_or_checkpoint, "loaded": source.model_name, "policy_version": source.policy_version,
-             "checkpoint": str(source.checkpoint) if source.checkpoint else None}
+    facts = {
+        "model": model_or_checkpoint,
+        "loaded": source.model_name,
+        "policy_version": source.policy_version,
+        "checkpoint": str(source.checkpoint) if source.checkpoint else None,
+    }
     try:
         if not use_library:
-            return evaluate_engine(engine, config, env_name=env_name, panel=panel, samples_per_task=samples_per_task,
-                                   ks=ks, budgets=budgets, library_note="not requested (--no-library)",
-                                   out_dir=out_dir, facts=facts)
+            return evaluate_engine(
+                engine,
+                config,
+                env_name=env_name,
+                panel=panel,
+                samples_per_task=samples_per_task,
+                ks=ks,
+                budgets=budgets,
+                library_note="not requested (--no-library)",
+                out_dir=out_dir,
+                facts=facts,
+            )
         with eval_library(config, source.run_dir) as (retrieval, note):
-            return evaluate_engine(engine, config, env_name=env_name, panel=panel, samples_per_task=samples_per_task,
-                                   ks=ks, budgets=budgets, retrieval=retrieval, library_note=note, out_dir=out_dir,
-                                   facts=facts)
+            return evaluate_engine(
+                engine,
+                config,
+                env_name=env_name,
+                panel=panel,
+                samples_per_task=samples_per_task,
+                ks=ks,
+                budgets=budgets,
+                retrieval=retrieval,
+                library_note=note,
+                out_dir=out_dir,
+                facts=facts,
+            )
     finally:
         engine.close()

@@ -35,7 +35,7 @@ POLL_S = 2.0
 
 
 def run_metrics(learner: dict, lags: dict[str, int], library: dict | None, pool: list[dict] | None = None) -> dict:
-    """One flat metrics.jsonl line (keys documented in slea/run_outputs.py) from a learner step,
+    """One flat metrics.jsonl line (keys documented in slea/driver/run_outputs.py) from a learner step,
     the stream's lag per group, the library's sizes and the actor workers' summaries. From the
     summaries: "actors/busy_s" and "actors/throttled_s", seconds with a group in play and seconds
     held back by the gate, summed over workers since each (incarnation) started, as of the line's
@@ -80,7 +80,9 @@ class Progress:
         self.seconds_per_step = 0.0
         self.latest: dict = {}
         self.successes: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # task type -> [wins, episodes]
-        self.latest_eval: tuple[int, float | None] | None = None  # (learner step, held-out success) of the newest evaluation
+        self.latest_eval: tuple[int, float | None] | None = (
+            None  # (learner step, held-out success) of the newest evaluation
+        )
 
     def add_step(self, metrics: dict) -> None:
         now = time.monotonic()
@@ -93,11 +95,13 @@ class Progress:
 
     def log_line(self, line: dict) -> str:
         success = line.get("actors/success_rate")
-        return (f"step {self.latest.get('learner_step', 0)}/{self.config.learner.max_steps} "
-                f"version {self.latest.get('policy_version', 0)} "
-                f"success {'-' if success is None else f'{success:.2f}'} "
-                f"loss {self.latest.get('loss', 0.0):.4f} lag {line.get('stream/lag/learner', 0)} "
-                f"{self.seconds_per_step:.1f} s/step")
+        return (
+            f"step {self.latest.get('learner_step', 0)}/{self.config.learner.max_steps} "
+            f"version {self.latest.get('policy_version', 0)} "
+            f"success {'-' if success is None else f'{success:.2f}'} "
+            f"loss {self.latest.get('loss', 0.0):.4f} lag {line.get('stream/lag/learner', 0)} "
+            f"{self.seconds_per_step:.1f} s/step"
+        )
 
     def table(self, pool: list[dict], lag: int, library: dict | None) -> Table:
         cfg = self.config
@@ -112,8 +116,11 @@ class Progress:
             table.add_row("held-out success", f"{'-' if success is None else f'{success:.0%}'} (step {step})")
         table.add_row("stream lag (learner)", str(lag))
         if library is not None:
-            table.add_row("library", f"v{library['version']}, {sum(library['experiences'].values())} experiences, "
-                                     f"{library['clusters']} clusters")
+            table.add_row(
+                "library",
+                f"v{library['version']}, {sum(library['experiences'].values())} experiences, "
+                f"{library['clusters']} clusters",
+            )
         table.add_row("s / learner step", f"{self.seconds_per_step:.1f}")
         table.add_row("elapsed", f"{time.monotonic() - self.started:.0f} s")
         return table
@@ -151,8 +158,14 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
     stream = config.stream_key()
     for group in STREAM_GROUPS:
         ensure_group(client, stream, group)
-    ray.init(address=config.ray.address, num_cpus=config.ray.num_cpus if config.ray.address is None else None,
-             namespace=RAY_NAMESPACE, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    ray.init(
+        address=config.ray.address,
+        num_cpus=config.ray.num_cpus if config.ray.address is None else None,
+        namespace=RAY_NAMESPACE,
+        include_dashboard=False,
+        log_to_driver=False,
+        ignore_reinit_error=True,
+    )
     if config.monitoring.metrics_port is None:
         use_ray_metrics()  # the driver's gauges (stream lag) go out through Ray's metrics port too
     else:
@@ -166,8 +179,12 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
     try:
         if config.library.enabled:
             library, library_run = _start_library(config, run_dir)
-        ranks = start_learner(config, num_cpus=config.learner.num_cpus, num_gpus=config.learner.num_gpus,
-                              resources=dict(config.learner.resources) or None)
+        ranks = start_learner(
+            config,
+            num_cpus=config.learner.num_cpus,
+            num_gpus=config.learner.num_gpus,
+            resources=dict(config.learner.resources) or None,
+        )
         learner = ranks[0]  # the driver talks to rank 0; the other ranks follow it
         learner_runs = [rank.run.remote() for rank in ranks]
         evals = _start_evaluator(config, run_dir)
@@ -204,12 +221,16 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
             console.print("final held-out evaluation ...")
             while evals.busy:
                 _record_evals(evals.poll(timeout_s=POLL_S), progress, recorder, console)
-        console.print(f"[green]done[/]: {progress.latest.get('learner_step', 0)} learner steps, "
-                      f"policy version {progress.latest.get('policy_version', 0)}; outputs in {run_dir}")
+        console.print(
+            f"[green]done[/]: {progress.latest.get('learner_step', 0)} learner steps, "
+            f"policy version {progress.latest.get('policy_version', 0)}; outputs in {run_dir}"
+        )
         return 0
     except KeyboardInterrupt:
-        console.print("[yellow]stopping: actors abandon the groups in flight, the learner checkpoints, the library snapshots "
-                      "(Ctrl-C again to exit at once)[/]")
+        console.print(
+            "[yellow]stopping: actors abandon the groups in flight, the learner checkpoints, the library snapshots "
+            "(Ctrl-C again to exit at once)[/]"
+        )
         return 130
     finally:
         _shutdown(pool, learner, learner_runs, library, library_run, recorder)
@@ -222,7 +243,8 @@ def _start_library(config: SleaConfig, run_dir):
     from library.service import start_serve_app
 
     library = LibraryProcess.options(num_cpus=1, resources=dict(config.library.resources) or None).remote(
-        config.model_dump(mode="json"), config.redis.url, str(run_dir))
+        config.model_dump(mode="json"), config.redis.url, str(run_dir)
+    )
     ray.get(library.stats.remote())  # the writer has published its first snapshot: replicas can start
     run = library.run.remote()
     start_serve_app(config, config.redis.url)
@@ -233,25 +255,28 @@ def _start_evaluator(config: SleaConfig, run_dir):
     """The held-out evaluator and its schedule, or None when `eval.every` is 0."""
     if config.eval.every == 0:
         return None
-    from slea.train_eval import EvalSchedule, PanelEvaluator
+    from slea.driver.train_eval import EvalSchedule, PanelEvaluator
 
     evaluator = PanelEvaluator.options(num_cpus=config.eval.num_cpus, num_gpus=config.eval.num_gpus).remote(
-        config.model_dump(mode="json"), str(run_dir))
+        config.model_dump(mode="json"), str(run_dir)
+    )
     return EvalSchedule(evaluator, config.eval.every)
 
 
-def _record_evals(finished: list[tuple[int, dict]], progress: "Progress", recorder, console: Console) -> None:
-    from slea.train_eval import HEADLINE
+def _record_evals(finished: list[tuple[int, dict]], progress: Progress, recorder, console: Console) -> None:
+    from slea.driver.train_eval import HEADLINE
 
     for learner_step, metrics in finished:
         recorder.record(learner_step, metrics)
         progress.latest_eval = (learner_step, metrics.get(HEADLINE))
-        console.print(f"held-out eval at step {learner_step} (policy v{metrics['eval/policy_version']}): "
-                      f"success {metrics.get(HEADLINE, float('nan')):.2f}")
+        console.print(
+            f"held-out eval at step {learner_step} (policy v{metrics['eval/policy_version']}): "
+            f"success {metrics.get(HEADLINE, float('nan')):.2f}"
+        )
 
 
 def _recorder(config: SleaConfig, run_dir):
-    from slea.run_outputs import RunRecorder
+    from slea.driver.run_outputs import RunRecorder
 
     return RunRecorder(run_dir, tensorboard=config.monitoring.tensorboard, plots=config.monitoring.plots)
 

@@ -62,9 +62,13 @@ class PanelEvaluator:
         self.run_dir = Path(run_dir)
         self.env_pool: list = []  # envs kept across evaluations (actors/evaluation/panel.py says why)
         model = self.config.model
-        self.engine = make_engine("transformers", model.name, SamplingSettings(
-            temperature=model.temperature, top_p=model.top_p, max_new_tokens=model.max_new_tokens),
-            dtype=model.dtype, max_batch=self.config.eval.max_batch)
+        self.engine = make_engine(
+            "transformers",
+            model.name,
+            SamplingSettings(temperature=model.temperature, top_p=model.top_p, max_new_tokens=model.max_new_tokens),
+            dtype=model.dtype,
+            max_batch=self.config.eval.max_batch,
+        )
 
     def _load_latest_weights(self, timeout_s: float = 300.0) -> int:
         """Stage the registry's newest weights into the engine; returns their version."""
@@ -91,21 +95,24 @@ class PanelEvaluator:
         """A client of the run's live library app, or None (no library, or it is not up)."""
         if not (self.config.library.enabled and self.config.eval.library):
             return None
-        from slea.eval_library import retrieval_client_for, running_library_app
+        from slea.driver.eval_library import retrieval_client_for, running_library_app
 
         handle = running_library_app()
         return retrieval_client_for(self.config, handle) if handle is not None else None
 
     def evaluate(self, learner_step: int) -> dict:
         """Play the panel with the newest weights; returns the flat metrics (see eval_metrics)."""
-        from slea.evaluate import evaluate_engine
+        from slea.driver.evaluate import evaluate_engine
 
         version = self._load_latest_weights()
         cfg = self.config
         retrieval = self._retrieval()
         started = time.monotonic()
         report = evaluate_engine(
-            self.engine, cfg, samples_per_task=cfg.eval.samples_per_task, retrieval=retrieval,
+            self.engine,
+            cfg,
+            samples_per_task=cfg.eval.samples_per_task,
+            retrieval=retrieval,
             library_note="the run's live library" if retrieval is not None else "the run has no library",
             out_dir=self.run_dir / "eval" / f"step-{learner_step:05d}-v{version:05d}",
             facts={"model": cfg.model.name, "learner_step": learner_step, "policy_version": version},

@@ -27,8 +27,13 @@ EVAL_RETRIEVAL_TIMEOUT_S = 30.0
 
 def retrieval_client_for(config: SleaConfig, handle) -> RetrievalClient:
     lib = config.library
-    return RetrievalClient(k_strategies=lib.k_strategies, k_warnings=lib.k_warnings, max_tokens=lib.max_tokens,
-                           timeout_s=max(config.actors.retrieval_timeout_s, EVAL_RETRIEVAL_TIMEOUT_S), handle=handle)
+    return RetrievalClient(
+        k_strategies=lib.k_strategies,
+        k_warnings=lib.k_warnings,
+        max_tokens=lib.max_tokens,
+        timeout_s=max(config.actors.retrieval_timeout_s, EVAL_RETRIEVAL_TIMEOUT_S),
+        handle=handle,
+    )
 
 
 def running_library_app():
@@ -61,7 +66,9 @@ def _serve_snapshot(config: SleaConfig, snapshot: Path) -> Iterator[object]:
         client = connect(local.redis, server.url)
         try:
             Publisher(client, local.run.id).start(snapshot.read_text())
-            ray.init(num_cpus=config.ray.num_cpus, namespace=RAY_NAMESPACE, include_dashboard=False, log_to_driver=False)
+            ray.init(
+                num_cpus=config.ray.num_cpus, namespace=RAY_NAMESPACE, include_dashboard=False, log_to_driver=False
+            )
             try:
                 yield start_serve_app(local, server.url)
             finally:
@@ -90,8 +97,13 @@ def eval_library(config: SleaConfig, run_dir: Path | None) -> Iterator[tuple[Ret
         try:
             handle = running_library_app()
             if handle is None:
-                yield None, (f"unavailable: no running '{LIBRARY_APP}' app on {where}; start the run's library "
-                             "there, or evaluate without ray.address to serve the run's snapshot locally")
+                yield (
+                    None,
+                    (
+                        f"unavailable: no running '{LIBRARY_APP}' app on {where}; start the run's library "
+                        "there, or evaluate without ray.address to serve the run's snapshot locally"
+                    ),
+                )
                 return
             client = retrieval_client_for(config, handle)
             try:
@@ -105,15 +117,25 @@ def eval_library(config: SleaConfig, run_dir: Path | None) -> Iterator[tuple[Ret
     snapshot = _latest_snapshot(run_dir) if run_dir is not None else None
     if snapshot is None:
         where = f"run directory {run_dir} has no library snapshot" if run_dir is not None else "no run directory given"
-        yield None, (f"unavailable ({where}): evaluate a run directory or checkpoint of a run with a library "
-                     f"snapshot, or set ray.address to a cluster serving '{LIBRARY_APP}'")
+        yield (
+            None,
+            (
+                f"unavailable ({where}): evaluate a run directory or checkpoint of a run with a library "
+                f"snapshot, or set ray.address to a cluster serving '{LIBRARY_APP}'"
+            ),
+        )
         return
     header = json.loads(snapshot.read_text().split("\n", 1)[0])
     with _serve_snapshot(config, snapshot) as handle:
         client = retrieval_client_for(config, handle)
         try:
-            yield client, (f"snapshot {snapshot} (library version {header['version']}, "
-                           f"{header['experiences']} experiences) served for this evaluation")
+            yield (
+                client,
+                (
+                    f"snapshot {snapshot} (library version {header['version']}, "
+                    f"{header['experiences']} experiences) served for this evaluation"
+                ),
+            )
         finally:
             client.close()
 

@@ -26,14 +26,23 @@ GROUPS = ("learner", "library")
 def realistic_record(index: int, rng: np.random.Generator) -> StepRecord:
     """About 8 KB on the wire: 1.5k prompt tokens, 100 response tokens with log-probs."""
     return StepRecord(
-        run_id="bench", task_id=f"task-{index // 64}", task_type="pick_and_place_simple", env_name="alfworld",
-        group_id=f"group-{index // 64}", episode_id=f"episode-{index // 8}", step=index % 8,
+        run_id="bench",
+        task_id=f"task-{index // 64}",
+        task_type="pick_and_place_simple",
+        env_name="alfworld",
+        group_id=f"group-{index // 64}",
+        episode_id=f"episode-{index // 8}",
+        step=index % 8,
         anchor_obs="You arrive at countertop 2. On the countertop 2, you see a mug 1, and a peppershaker 3.",
         prompt_ids=rng.integers(0, 49_152, PROMPT_TOKENS, dtype=np.int32),
         response_ids=rng.integers(0, 49_152, RESPONSE_TOKENS, dtype=np.int32),
         response_logprobs=-rng.random(RESPONSE_TOKENS, dtype=np.float32),
-        action="take mug 1 from countertop 2", reward=0.0, policy_version=3, library_version=7,
-        experience_ids=["s-12", "s-40", "w-3"], step_budget=50,
+        action="take mug 1 from countertop 2",
+        reward=0.0,
+        policy_version=3,
+        library_version=7,
+        experience_ids=["s-12", "s-40", "w-3"],
+        step_budget=50,
     )
 
 
@@ -86,8 +95,13 @@ def _run_leg(mode: str, url: str, records: int, producers: int, batch_size: int,
     total = per_producer * producers
     context = mp.get_context("spawn")
     done = context.Queue()
-    consumers = [context.Process(target=_consume, args=(mode, url, stream, group, total, read_count, done)) for group in GROUPS]
-    writers = [context.Process(target=_produce, args=(mode, url, stream, per_producer, seed, batch_size)) for seed in range(producers)]
+    consumers = [
+        context.Process(target=_consume, args=(mode, url, stream, group, total, read_count, done)) for group in GROUPS
+    ]
+    writers = [
+        context.Process(target=_produce, args=(mode, url, stream, per_producer, seed, batch_size))
+        for seed in range(producers)
+    ]
     for process in consumers:
         process.start()
     time.sleep(1.0)  # let the spawned consumers import and block before the clock starts

@@ -77,9 +77,15 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def draw_lines(lines: dict[str, tuple[list[int], list[float]]], path: Path, title: str, ylabel: str,
-               unit_interval: bool, xlabel: str = "learner step",
-               bands: dict[str, tuple[list[float], list[float]]] | None = None) -> None:
+def draw_lines(
+    lines: dict[str, tuple[list[int], list[float]]],
+    path: Path,
+    title: str,
+    ylabel: str,
+    unit_interval: bool,
+    xlabel: str = "learner step",
+    bands: dict[str, tuple[list[float], list[float]]] | None = None,
+) -> None:
     """One line per label; `bands` (label -> lows, highs at the line's steps) shades a spread around it."""
     figure = Figure(figsize=(7, 4))
     axes = figure.subplots()
@@ -154,15 +160,16 @@ class RunRecorder:
         if self.plots:
             render_plots(self.run_dir)
 
-    def __enter__(self) -> "RunRecorder":
+    def __enter__(self) -> RunRecorder:
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
 
 
-def compare_runs(run_dirs: list[str | Path], out_png: str | Path, key: str = "eval/success_rate",
-                 by_preset: bool = False) -> tuple[str, Path]:
+def compare_runs(
+    run_dirs: list[str | Path], out_png: str | Path, key: str = "eval/success_rate", by_preset: bool = False
+) -> tuple[str, Path]:
     """`slea compare`: a markdown table of `key` per learner step and the plot of the same curves.
 
     One column per run, labelled "<run id> (<preset>)" from its config.yaml; with `by_preset`, runs
@@ -174,9 +181,13 @@ def compare_runs(run_dirs: list[str | Path], out_png: str | Path, key: str = "ev
         run = _run_section(run_dir)
         found = series(read_metrics(run_dir), key).get(key)
         if found is None:
-            raise ValueError(f"run '{run.get('id', Path(run_dir).name)}' ({run_dir}) has no '{key}' in {METRICS_FILE}: "
-                             "it recorded no held-out evaluation yet")
-        label = run.get("preset", "?") if by_preset else f"{run.get('id', Path(run_dir).name)} ({run.get('preset', '?')})"
+            raise ValueError(
+                f"run '{run.get('id', Path(run_dir).name)}' ({run_dir}) has no '{key}' in {METRICS_FILE}: "
+                "it recorded no held-out evaluation yet"
+            )
+        label = (
+            run.get("preset", "?") if by_preset else f"{run.get('id', Path(run_dir).name)} ({run.get('preset', '?')})"
+        )
         runs.setdefault(label, []).append(dict(zip(*found)))
     steps = sorted({step for arm in runs.values() for values in arm for step in values})
     lines, bands, columns = {}, {}, {}
@@ -187,9 +198,14 @@ def compare_runs(run_dirs: list[str | Path], out_png: str | Path, key: str = "ev
         bands[label] = ([min(found) for found in at.values()], [max(found) for found in at.values()])
         columns[label] = {step: _cell(found, by_preset) for step, found in at.items()}
     png = Path(out_png)
-    draw_lines(lines, png, f"held-out panel: {key}" + (" (mean over runs, range shaded)" if by_preset else ""),
-               key.rsplit("/", 1)[-1].replace("_", " "), unit_interval=key.endswith("_rate"),
-               bands=bands if by_preset else None)
+    draw_lines(
+        lines,
+        png,
+        f"held-out panel: {key}" + (" (mean over runs, range shaded)" if by_preset else ""),
+        key.rsplit("/", 1)[-1].replace("_", " "),
+        unit_interval=key.endswith("_rate"),
+        bands=bands if by_preset else None,
+    )
     rows = [f"| learner step | {' | '.join(columns)} |", "|---" * (len(columns) + 1) + "|"]
     for step in steps:
         rows.append(f"| {step} | {' | '.join(column.get(step, '-') for column in columns.values())} |")

@@ -29,8 +29,14 @@ def _version() -> str:
 
 def _config_args(parser: argparse.ArgumentParser, required: bool = False) -> None:
     parser.add_argument("config", nargs=None if required else "?", help="run YAML file (configs/local.yaml)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config value, e.g. --set learner.lr=1e-5 (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set learner.lr=1e-5 (repeatable)",
+    )
 
 
 def _print_result(result: dict, as_json: bool) -> None:
@@ -45,10 +51,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume and args.config is None:
         args.config = str(Path(args.resume) / "config.yaml")  # the run's own resolved config
     if args.config is None:  # the built-in defaults are the paper's GPU-scale run: never start them by accident
-        raise ConfigError("slea train needs a run config: `slea train configs/local.yaml` is the embedded CPU "
-                          "default (configs/ has the others), or `slea train --resume runs/<id>` continues a run")
+        raise ConfigError(
+            "slea train needs a run config: `slea train configs/local.yaml` is the embedded CPU "
+            "default (configs/ has the others), or `slea train --resume runs/<id>` continues a run"
+        )
     config = load_config(args.config, args.overrides)
-    from slea.train import train
+    from slea.driver.train import train
 
     return train(config, resume_dir=args.resume)
 
@@ -60,7 +68,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from slea.doctor import run_doctor
+    from slea.driver.doctor import run_doctor
 
     return run_doctor(json_output=args.json)
 
@@ -71,15 +79,16 @@ def cmd_play(args: argparse.Namespace) -> int:
     params: dict = {}
     for item in args.param:
         apply_override(params, *parse_override(item))
-    result = play(args.env, policy=args.policy, episodes=args.episodes, seed=args.seed, params=params,
-                  max_steps=args.max_steps)
+    result = play(
+        args.env, policy=args.policy, episodes=args.episodes, seed=args.seed, params=params, max_steps=args.max_steps
+    )
     _print_result(result, args.json)
     return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.target == "stream":
-        from slea.bench_stream import bench_stream
+        from slea.driver.bench_stream import bench_stream
 
         result = bench_stream(records=args.records, producers=args.producers)
     elif args.target == "envs":
@@ -99,7 +108,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         result = bench_actors()
     elif args.target == "async":
-        from slea.bench_async import DEFAULT_MODEL, bench_async, format_report
+        from slea.driver.bench_async import DEFAULT_MODEL, bench_async, format_report
 
         try:
             result = bench_async(model=args.model or DEFAULT_MODEL, measured_steps=args.steps, timeout_s=args.timeout)
@@ -131,12 +140,21 @@ def cmd_library_show(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from slea.evaluate import evaluate
+    from slea.driver.evaluate import evaluate
 
     try:
-        report = evaluate(args.model, args.env, args.panel, samples_per_task=args.episodes_per_task, ks=args.ks,
-                          budgets=args.budgets, config_file=args.config, overrides=args.overrides, out_dir=args.out,
-                          use_library=not args.no_library)
+        report = evaluate(
+            args.model,
+            args.env,
+            args.panel,
+            samples_per_task=args.episodes_per_task,
+            ks=args.ks,
+            budgets=args.budgets,
+            config_file=args.config,
+            overrides=args.overrides,
+            out_dir=args.out,
+            use_library=not args.no_library,
+        )
     except ConfigError:
         raise  # main() reports config errors the same way for every command
     except ValueError as exc:  # k or T out of range, an empty panel
@@ -151,7 +169,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from slea.run_outputs import compare_runs
+    from slea.driver.run_outputs import compare_runs
 
     try:
         table, png = compare_runs(args.runs, args.out, key=args.key, by_preset=args.by_preset)
@@ -169,7 +187,9 @@ def cmd_not_built(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="slea", description="SLEA-RL: step-level experience-augmented RL for LLM agents.")
+    parser = argparse.ArgumentParser(
+        prog="slea", description="SLEA-RL: step-level experience-augmented RL for LLM agents."
+    )
     parser.add_argument("--version", action="version", version=f"slea {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -185,17 +205,30 @@ def build_parser() -> argparse.ArgumentParser:
     config_show.set_defaults(func=cmd_config_show)
 
     evaluate = commands.add_parser("eval", help="play an evaluation panel and report success and Pass@(k,T)")
-    evaluate.add_argument("model", metavar="CHECKPOINT_OR_MODEL",
-                          help="run directory (newest checkpoint), checkpoint directory, model directory or model name")
+    evaluate.add_argument(
+        "model",
+        metavar="CHECKPOINT_OR_MODEL",
+        help="run directory (newest checkpoint), checkpoint directory, model directory or model name",
+    )
     evaluate.add_argument("--env", default=None, help="env name (default: the config's envs.name)")
     evaluate.add_argument("--panel", default=None, help="panel name (default: the config's envs.eval_panel)")
     evaluate.add_argument("--episodes-per-task", type=int, default=4, metavar="N", help="sampled episodes per task (n)")
     evaluate.add_argument("--k", dest="ks", type=int, action="append", metavar="K", help="Pass@k values (repeatable)")
-    evaluate.add_argument("--t", dest="budgets", type=int, action="append", metavar="T", help="step budgets T (repeatable)")
+    evaluate.add_argument(
+        "--t", dest="budgets", type=int, action="append", metavar="T", help="step budgets T (repeatable)"
+    )
     evaluate.add_argument("--out", default=None, metavar="DIR", help="report folder (default: <run dir>/eval/...)")
-    evaluate.add_argument("--config", default=None, metavar="FILE", help="run YAML (default: the run's own, else defaults)")
-    evaluate.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                          help="override a config value, e.g. --set envs.panel_size=10 (repeatable)")
+    evaluate.add_argument(
+        "--config", default=None, metavar="FILE", help="run YAML (default: the run's own, else defaults)"
+    )
+    evaluate.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set envs.panel_size=10 (repeatable)",
+    )
     evaluate.add_argument("--no-library", action="store_true", help="skip the with-library rows")
     evaluate.add_argument("--json", action="store_true", help="print the report as one JSON object")
     evaluate.set_defaults(func=cmd_eval)
@@ -204,17 +237,24 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (labelled by run id and preset)")
     compare.add_argument("--out", default="learning_curves.png", metavar="PNG", help="plot file")
     compare.add_argument("--key", default="eval/success_rate", help="metrics.jsonl key to compare")
-    compare.add_argument("--by-preset", action="store_true",
-                         help="runs of one preset are seeds of one arm: mean, range (min-max) and count per step")
+    compare.add_argument(
+        "--by-preset",
+        action="store_true",
+        help="runs of one preset are seeds of one arm: mean, range (min-max) and count per step",
+    )
     compare.set_defaults(func=cmd_compare)
 
     play = commands.add_parser("play", help="play episodes of an env with an expert or random policy")
-    play.add_argument("--env", required=True, help="env name (alfworld, webshop, search_qa, textworld, frozenlake, sokoban)")
+    play.add_argument(
+        "--env", required=True, help="env name (alfworld, webshop, search_qa, textworld, frozenlake, sokoban)"
+    )
     play.add_argument("--policy", choices=["expert", "random"], default="expert")
     play.add_argument("--episodes", type=int, default=10)
     play.add_argument("--seed", type=int, default=0)
     play.add_argument("--max-steps", type=int, default=None)
-    play.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="env parameter, e.g. difficulty=easy")
+    play.add_argument(
+        "--param", action="append", default=[], metavar="KEY=VALUE", help="env parameter, e.g. difficulty=easy"
+    )
     play.add_argument("--json", action="store_true", help="print one JSON object")
     play.set_defaults(func=cmd_play)
 
@@ -236,11 +276,21 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--records", type=int, default=20_000, help="stream: records to push through")
     bench.add_argument("--producers", type=int, default=4, help="stream: producer processes")
     bench.add_argument("--env", action="append", default=[], help="envs: restrict to these envs (repeatable)")
-    bench.add_argument("--model", default=None, help="async: policy model ('tiny': the random tiny test model; default SmolLM2)")
-    bench.add_argument("--steps", type=int, default=None,
-                       help="async: learner steps measured per mode (default 6 tiny, 2 SmolLM2; more for a steadier figure)")
-    bench.add_argument("--timeout", type=float, default=600.0,
-                       help="async: seconds both runs together may take; a run past it is stopped and the bench fails")
+    bench.add_argument(
+        "--model", default=None, help="async: policy model ('tiny': the random tiny test model; default SmolLM2)"
+    )
+    bench.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="async: learner steps measured per mode (default 6 tiny, 2 SmolLM2; more for a steadier figure)",
+    )
+    bench.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="async: seconds both runs together may take; a run past it is stopped and the bench fails",
+    )
     bench.set_defaults(func=cmd_bench)
 
     doctor = commands.add_parser("doctor", help="check this machine: Python, torch, Redis, Ray, GPU/vLLM, models")

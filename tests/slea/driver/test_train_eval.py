@@ -8,19 +8,31 @@ import threading
 import pytest
 import ray
 
-from slea.train_eval import HEADLINE, EvalSchedule, eval_metrics
+from slea.driver.train_eval import HEADLINE, EvalSchedule, eval_metrics
 
 
 def _row(decoding, library, success, available=True, by_type=None):
-    return {"decoding": decoding, "library": library, "available": available, "success_rate": success,
-            "mean_steps": 5.0, "invalid_action_rate": 0.25, "success_by_task_type": by_type or {}}
+    return {
+        "decoding": decoding,
+        "library": library,
+        "available": available,
+        "success_rate": success,
+        "mean_steps": 5.0,
+        "invalid_action_rate": 0.25,
+        "success_by_task_type": by_type or {},
+    }
 
 
 def test_headline_is_sampled_success_with_the_library_when_the_run_has_one():
-    report = {"policy_version": 7, "rows": [
-        _row("sampled", False, 0.25), _row("greedy", False, 0.5),
-        _row("sampled", True, 0.75, by_type={"pick": 1.0, "look": 0.5}), _row("greedy", True, 0.0),
-    ]}
+    report = {
+        "policy_version": 7,
+        "rows": [
+            _row("sampled", False, 0.25),
+            _row("greedy", False, 0.5),
+            _row("sampled", True, 0.75, by_type={"pick": 1.0, "look": 0.5}),
+            _row("greedy", True, 0.0),
+        ],
+    }
     metrics = eval_metrics(report, with_library=True)
     assert metrics[HEADLINE] == 0.75
     assert metrics[f"{HEADLINE}/pick"] == 1.0 and metrics[f"{HEADLINE}/look"] == 0.5
@@ -31,10 +43,15 @@ def test_headline_is_sampled_success_with_the_library_when_the_run_has_one():
 
 
 def test_without_a_library_the_headline_is_the_no_library_row_and_unplayed_rows_are_left_out():
-    report = {"policy_version": 0, "rows": [
-        _row("sampled", False, 0.125), _row("greedy", False, 0.0),
-        _row("sampled", True, None, available=False), _row("greedy", True, None, available=False),
-    ]}
+    report = {
+        "policy_version": 0,
+        "rows": [
+            _row("sampled", False, 0.125),
+            _row("greedy", False, 0.0),
+            _row("sampled", True, None, available=False),
+            _row("greedy", True, None, available=False),
+        ],
+    }
     metrics = eval_metrics(report, with_library=False)
     assert metrics[HEADLINE] == 0.125
     assert not any("/library/" in key for key in metrics)

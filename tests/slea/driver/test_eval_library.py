@@ -17,14 +17,24 @@ from library.experience import STRATEGY, WARNING, Candidate  # noqa: E402
 from library.persistence import snapshot_text, write_snapshot  # noqa: E402
 from library.state import Library  # noqa: E402
 from slea.config import load_config  # noqa: E402
-from slea.eval_library import eval_library  # noqa: E402
-from slea.evaluate import evaluate_engine  # noqa: E402
+from slea.driver.eval_library import eval_library  # noqa: E402
+from slea.driver.evaluate import evaluate_engine  # noqa: E402
 from slea.models import tiny_model  # noqa: E402
 
 
 def test_with_library_rows_retrieve_from_the_runs_snapshot(tmp_path):
-    config = load_config(None, ["envs.name=frozenlake", "envs.panel_size=2", "envs.max_steps=2", "run.id=evallib",
-                                "library.warmup_versions=0", "library.warmup_experiences=0", "ray.num_cpus=2"])
+    config = load_config(
+        None,
+        [
+            "envs.name=frozenlake",
+            "envs.panel_size=2",
+            "envs.max_steps=2",
+            "run.id=evallib",
+            "library.warmup_versions=0",
+            "library.warmup_experiences=0",
+            "ray.num_cpus=2",
+        ],
+    )
     env = make_env("frozenlake", max_steps=2)
     tasks = panel_tasks(env, "default", size=2)
     model, tokenizer = tiny_model(seed=4)
@@ -32,8 +42,12 @@ def test_with_library_rows_retrieve_from_the_runs_snapshot(tmp_path):
     candidates = []
     for task in tasks:  # lessons cued by each panel task's own first board
         board = env.reset(task).observation.anchor_obs
-        candidates += [Candidate(STRATEGY, "method", "Step around the O holes towards G.", "", task.task_type, [board], 0.9, ["e1"]),
-                       Candidate(WARNING, "mistake", "Walking onto O ends the episode.", "", task.task_type, [board], 0.8, ["e2"])]
+        candidates += [
+            Candidate(
+                STRATEGY, "method", "Step around the O holes towards G.", "", task.task_type, [board], 0.9, ["e1"]
+            ),
+            Candidate(WARNING, "mistake", "Walking onto O ends the episode.", "", task.task_type, [board], 0.8, ["e2"]),
+        ]
     library.admit(candidates, {STRATEGY: 10, WARNING: 5})
     library.commit()
     write_snapshot(tmp_path, snapshot_text(library, []), library.version)
@@ -42,8 +56,9 @@ def test_with_library_rows_retrieve_from_the_runs_snapshot(tmp_path):
     try:
         with eval_library(config, tmp_path) as (retrieval, note):
             assert retrieval is not None and "served for this evaluation" in note and "experiences)" in note
-            report = evaluate_engine(engine, config, samples_per_task=2, retrieval=retrieval, library_note=note,
-                                     out_dir=tmp_path / "eval").report
+            report = evaluate_engine(
+                engine, config, samples_per_task=2, retrieval=retrieval, library_note=note, out_dir=tmp_path / "eval"
+            ).report
             # Where Ray is already up (as inside `slea train`), the running app is used, and left running.
             with eval_library(config, None) as (running, running_note):
                 assert running is not None and running_note == "app 'slea-library' running on this process's Ray"

@@ -46,7 +46,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from slea.run_outputs import METRICS_FILE
+from slea.driver.run_outputs import METRICS_FILE
 
 TINY = "tiny"  # model name meaning the randomly initialised tiny test model (slea.models.tiny_model)
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -69,9 +69,12 @@ class BenchShape:
 # SmolLM2-135M: one group of 4 two-step episodes with 16-token actions (~2.2k training tokens a step):
 # a bigger batch ran past 25 minutes on the 2-core machine; this finishes within 10 (BENCHMARKS.md).
 SHAPES = {
-    TINY: BenchShape(warmup_steps=3, measured_steps=6, max_new_tokens=32, episode_steps=4, envs_per_worker=8, tasks_per_step=2),
-    DEFAULT_MODEL: BenchShape(warmup_steps=1, measured_steps=2, max_new_tokens=16, episode_steps=2, envs_per_worker=4,
-                              tasks_per_step=1),
+    TINY: BenchShape(
+        warmup_steps=3, measured_steps=6, max_new_tokens=32, episode_steps=4, envs_per_worker=8, tasks_per_step=2
+    ),
+    DEFAULT_MODEL: BenchShape(
+        warmup_steps=1, measured_steps=2, max_new_tokens=16, episode_steps=2, envs_per_worker=4, tasks_per_step=1
+    ),
 }
 
 
@@ -113,10 +116,15 @@ def attribute_speedup(sync: StepBreakdown, overlapped: StepBreakdown) -> dict:
 def explain(factors: dict) -> str:
     """The one-line "where the speedup comes from"."""
     rest = factors["beyond_overlap"]
-    why = ("the overlapped actors play a batch faster than the synchronous ones (no waiting for a batch's slowest episode)"
-           if rest >= 1 else "imperfect overlap: actors and learner slow each other down on shared cores")
-    return (f"speedup {factors['speedup']:.2f} = overlap bound {factors['overlap_bound']:.2f} "
-            f"x synchronous hand-off overhead {factors['sync_overhead']:.2f} x {rest:.2f} beyond overlap ({why})")
+    why = (
+        "the overlapped actors play a batch faster than the synchronous ones (no waiting for a batch's slowest episode)"
+        if rest >= 1
+        else "imperfect overlap: actors and learner slow each other down on shared cores"
+    )
+    return (
+        f"speedup {factors['speedup']:.2f} = overlap bound {factors['overlap_bound']:.2f} "
+        f"x synchronous hand-off overhead {factors['sync_overhead']:.2f} x {rest:.2f} beyond overlap ({why})"
+    )
 
 
 def step_breakdown(trace: list[dict], lines: list[dict], warmup_steps: int) -> StepBreakdown:
@@ -125,8 +133,10 @@ def step_breakdown(trace: list[dict], lines: list[dict], warmup_steps: int) -> S
     stamps = [entry["at"] for entry in trace][warmup_steps:]
     measured = len(stamps) - 1
     if measured < 2:
-        raise RuntimeError(f"{len(trace)} learner steps leave {max(measured, 0)} measured after {warmup_steps} warm-up "
-                           "steps; the breakdown needs at least 2")
+        raise RuntimeError(
+            f"{len(trace)} learner steps leave {max(measured, 0)} measured after {warmup_steps} warm-up "
+            "steps; the breakdown needs at least 2"
+        )
     s_per_step = (stamps[-1] - stamps[0]) / measured
     by_step = {entry["step"]: entry for entry in lines if "learner/step_seconds" in entry}
     steps = [warmup_steps + 2 + index for index in range(measured)]  # the steps that end the measured intervals
@@ -138,12 +148,21 @@ def step_breakdown(trace: list[dict], lines: list[dict], warmup_steps: int) -> S
     first, last = by_step[warmup_steps + 1], by_step[steps[-1] - 1]
     span = last["time"] - first["time"]
     if span <= 0 or "actors/busy_s" not in first or "actors/busy_s" not in last:
-        raise RuntimeError(f"metrics.jsonl lines of steps {first['step']} and {last['step']} give no window to "
-                           "measure the actors over (no actor summaries, or written at the same moment)")
+        raise RuntimeError(
+            f"metrics.jsonl lines of steps {first['step']} and {last['step']} give no window to "
+            "measure the actors over (no actor summaries, or written at the same moment)"
+        )
     busy = (last["actors/busy_s"] - first["actors/busy_s"]) / span * s_per_step
     throttled = (last["actors/throttled_s"] - first["actors/throttled_s"]) / span * s_per_step
-    values = dict(s_per_step=s_per_step, train_s=train, learner_wait_s=wait, learner_other_s=s_per_step - train - wait,
-                  actor_busy_s=busy, actor_idle_s=max(s_per_step - busy, 0.0), actor_throttled_s=throttled)
+    values = dict(
+        s_per_step=s_per_step,
+        train_s=train,
+        learner_wait_s=wait,
+        learner_other_s=s_per_step - train - wait,
+        actor_busy_s=busy,
+        actor_idle_s=max(s_per_step - busy, 0.0),
+        actor_throttled_s=throttled,
+    )
     return StepBreakdown(**{name: round(value, 3) for name, value in values.items()})
 
 
@@ -152,19 +171,33 @@ def _settings(model: str, run_dir: str, shape: BenchShape) -> list[str]:
     and not what is compared), short alfworld episodes, no checkpoint before the end, no held-out
     evaluation, one worker playing `envs_per_worker` episodes at once, groups of 4."""
     return [
-        f"run.dir={run_dir}", "run.preset=grpo", f"model.name={model}", f"model.max_new_tokens={shape.max_new_tokens}",
-        f"envs.max_steps={shape.episode_steps}", "envs.panel_size=4", "actors.num_workers=1",
-        f"actors.envs_per_worker={shape.envs_per_worker}", "actors.group_size=4",
-        f"learner.tasks_per_step={shape.tasks_per_step}", "learner.checkpoint_every=1000",
-        "monitoring.tensorboard=false", "monitoring.plots=false", "eval.every=0",
+        f"run.dir={run_dir}",
+        "run.preset=grpo",
+        f"model.name={model}",
+        f"model.max_new_tokens={shape.max_new_tokens}",
+        f"envs.max_steps={shape.episode_steps}",
+        "envs.panel_size=4",
+        "actors.num_workers=1",
+        f"actors.envs_per_worker={shape.envs_per_worker}",
+        "actors.group_size=4",
+        f"learner.tasks_per_step={shape.tasks_per_step}",
+        "learner.checkpoint_every=1000",
+        "monitoring.tensorboard=false",
+        "monitoring.plots=false",
+        "eval.every=0",
     ]
 
 
 def _train(mode: str, settings: list[str], steps: int, run_dir: Path, deadline: float) -> float:
     """`slea train` for one mode in a subprocess (its output goes to stderr); returns its wall seconds.
     Past `deadline` (monotonic) it is stopped like Ctrl-C, then killed, and this raises TimeoutError."""
-    overrides = [*settings, f"run.id=bench-{mode}", f"learner.max_steps={steps}", f"actors.synchronous={mode == 'sync'}"]
-    command = [sys.executable, "-m", "slea.cli", "train", "configs/local.yaml"]
+    overrides = [
+        *settings,
+        f"run.id=bench-{mode}",
+        f"learner.max_steps={steps}",
+        f"actors.synchronous={mode == 'sync'}",
+    ]
+    command = [sys.executable, "-m", "slea.driver.cli", "train", "configs/local.yaml"]
     for override in overrides:
         command += ["--set", override]
     started = time.monotonic()
@@ -181,9 +214,11 @@ def _train(mode: str, settings: list[str], steps: int, run_dir: Path, deadline: 
             process.wait()
         trace = run_dir / f"bench-{mode}" / "learner" / "trained_groups.jsonl"
         done = len(trace.read_text().splitlines()) if trace.is_file() else 0
-        raise TimeoutError(f"the {mode} run did not finish {steps} learner steps before the benchmark's deadline "
-                           f"({done} done after {time.monotonic() - started:.0f} s): measure fewer --steps, or "
-                           "give it longer with --timeout") from None
+        raise TimeoutError(
+            f"the {mode} run did not finish {steps} learner steps before the benchmark's deadline "
+            f"({done} done after {time.monotonic() - started:.0f} s): measure fewer --steps, or "
+            "give it longer with --timeout"
+        ) from None
     finally:
         try:
             os.killpg(process.pid, signal.SIGKILL)  # whatever of the run's process group is left
@@ -207,7 +242,9 @@ def bench_async(model: str = DEFAULT_MODEL, measured_steps: int | None = None, t
     shape = SHAPES.get(model, SHAPES[DEFAULT_MODEL])
     if measured_steps is not None:
         if measured_steps < 2:
-            raise ValueError(f"--steps must be at least 2 (the actors' window spans steps - 1 intervals), not {measured_steps}")
+            raise ValueError(
+                f"--steps must be at least 2 (the actors' window spans steps - 1 intervals), not {measured_steps}"
+            )
         shape = BenchShape(**{**asdict(shape), "measured_steps": measured_steps})
     deadline = time.monotonic() + timeout_s
     # Log lines of what this process imports (DeepSpeed's go to stdout) go to stderr: stdout is for the result (--json).
@@ -242,16 +279,25 @@ def bench_async(model: str = DEFAULT_MODEL, measured_steps: int | None = None, t
         "async_wall_s": round(wall["async"], 1),
         "model": model,
         "max_new_tokens": shape.max_new_tokens,
-        "config": "configs/local.yaml, " + ", ".join(s for s in settings if not s.startswith(("run.dir", "model.name"))),
+        "config": "configs/local.yaml, "
+        + ", ".join(s for s in settings if not s.startswith(("run.dir", "model.name"))),
     }
 
 
 def format_report(result: dict) -> str:
     """The human output: the headline figures, then the breakdown table per mode."""
-    rows = [f"speedup {result['speedup']} (sync {result['sync_s_per_step']} s/step, async {result['async_s_per_step']} s/step, "
-            f"{result['measured_steps']} measured steps after {result['warmup_steps']}, model {result['model']})",
-            result["attribution"], "", f"{'seconds per learner step':<26}{'sync':>10}{'async':>10}"]
+    rows = [
+        f"speedup {result['speedup']} (sync {result['sync_s_per_step']} s/step, async {result['async_s_per_step']} s/step, "
+        f"{result['measured_steps']} measured steps after {result['warmup_steps']}, model {result['model']})",
+        result["attribution"],
+        "",
+        f"{'seconds per learner step':<26}{'sync':>10}{'async':>10}",
+    ]
     for field in StepBreakdown.__dataclass_fields__:
         rows.append(f"{field:<26}{result['sync'][field]:>10.2f}{result['async'][field]:>10.2f}")
-    rows += ["", f"wall: sync {result['sync_wall_s']} s, async {result['async_wall_s']} s", f"config: {result['config']}"]
+    rows += [
+        "",
+        f"wall: sync {result['sync_wall_s']} s, async {result['async_wall_s']} s",
+        f"config: {result['config']}",
+    ]
     return "\n".join(rows)

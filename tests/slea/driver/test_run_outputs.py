@@ -6,13 +6,22 @@ import pytest
 from matplotlib.image import imread
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from slea.run_outputs import RunRecorder, compare_runs, read_metrics, series
+from slea.driver.run_outputs import RunRecorder, compare_runs, read_metrics, series
 
 
 def step_metrics(step: int) -> dict:
-    return {"actors/success_rate": step / 10, "actors/success_rate/pick": step / 20, "actors/success_rate/clean": 0.1,
-            "actors/episode_length": 20 - step, "library/size/strategy": 3 * step, "library/size/warning": step,
-            "stream/lag/learner": 100 - step, "stream/lag/library": 5, "learner/loss": 0.5, "run/preset": "slea"}
+    return {
+        "actors/success_rate": step / 10,
+        "actors/success_rate/pick": step / 20,
+        "actors/success_rate/clean": 0.1,
+        "actors/episode_length": 20 - step,
+        "library/size/strategy": 3 * step,
+        "library/size/warning": step,
+        "stream/lag/learner": 100 - step,
+        "stream/lag/library": 5,
+        "learner/loss": 0.5,
+        "run/preset": "slea",
+    }
 
 
 def assert_png(path):
@@ -28,7 +37,11 @@ def test_recorder_writes_lines_tensorboard_and_plots(tmp_path):
         assert [line["step"] for line in lines] == [1, 2, 3, 4]
         assert lines[2]["library/size/strategy"] == 9 and lines[0]["run/preset"] == "slea" and lines[0]["time"] > 0
         assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
-            "episode_length.png", "library_size.png", "stream_lag.png", "success_rate.png"]  # drawn at step 2 and 4
+            "episode_length.png",
+            "library_size.png",
+            "stream_lag.png",
+            "success_rate.png",
+        ]  # drawn at step 2 and 4
     for png in (tmp_path / "plots").iterdir():
         assert_png(png)
     events = EventAccumulator(str(tmp_path / "tensorboard"))
@@ -46,7 +59,9 @@ def test_a_resumed_run_appends_and_later_lines_win(tmp_path):
     with RunRecorder(tmp_path, tensorboard=False, plots=False) as recorder:  # resumed from the step-2 checkpoint
         recorder.record(3, {"eval/success_rate": 0.5})
         recorder.record(4, {"eval/success_rate": 0.6})
-    assert series(read_metrics(tmp_path), "eval/success_rate") == {"eval/success_rate": ([1, 2, 3, 4], [0.1, 0.2, 0.5, 0.6])}
+    assert series(read_metrics(tmp_path), "eval/success_rate") == {
+        "eval/success_rate": ([1, 2, 3, 4], [0.1, 0.2, 0.5, 0.6])
+    }
     assert not (tmp_path / "plots").exists() and not (tmp_path / "tensorboard").exists()
 
 
@@ -70,7 +85,8 @@ def test_an_evaluation_line_merges_into_its_learner_step(tmp_path):
         recorder.record(5, {"learner/loss": 0.3, "actors/success_rate": 0.25})
         recorder.record(5, {"eval/success_rate": 0.5})  # the held-out evaluation of step 5 arrives later
     assert [(entry["step"], entry["learner/loss"], entry["eval/success_rate"]) for entry in read_metrics(tmp_path)] == [
-        (5, 0.3, 0.5)]
+        (5, 0.3, 0.5)
+    ]
 
 
 def test_compare_tabulates_each_run_by_learner_step_and_plots_them(tmp_path):
@@ -82,13 +98,21 @@ def test_compare_tabulates_each_run_by_learner_step_and_plots_them(tmp_path):
                 recorder.record(step, {"eval/success_rate": rate})
     table, png = compare_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "curves.png")
     assert table.splitlines() == [
-        "| learner step | a (slea) | b (grpo) |", "|---|---|---|",
-        "| 0 | 0.100 | 0.100 |", "| 4 | - | 0.200 |", "| 5 | 0.300 | - |"]
+        "| learner step | a (slea) | b (grpo) |",
+        "|---|---|---|",
+        "| 0 | 0.100 | 0.100 |",
+        "| 4 | - | 0.200 |",
+        "| 5 | 0.300 | - |",
+    ]
     assert_png(png)
 
 
 def test_compare_by_preset_averages_the_seeds_of_each_arm(tmp_path):
-    runs = (("s0", "slea", {0: 0.125, 6: 0.25}), ("s1", "slea", {0: 0.0625, 6: 0.5}), ("g0", "grpo", {0: 0.125, 6: 0.1875}))
+    runs = (
+        ("s0", "slea", {0: 0.125, 6: 0.25}),
+        ("s1", "slea", {0: 0.0625, 6: 0.5}),
+        ("g0", "grpo", {0: 0.125, 6: 0.1875}),
+    )
     for run_id, preset, rates in runs:
         (tmp_path / run_id).mkdir()
         (tmp_path / run_id / "config.yaml").write_text(f"run:\n  id: {run_id}\n  preset: {preset}\n")
@@ -98,7 +122,9 @@ def test_compare_by_preset_averages_the_seeds_of_each_arm(tmp_path):
     table, png = compare_runs([tmp_path / run_id for run_id, _, _ in runs], tmp_path / "arms.png", by_preset=True)
     # slea at step 6: (0.25 + 0.5) / 2 = 0.375, range 0.25-0.5; at step 0: (0.125 + 0.0625) / 2 = 0.09375
     assert table.splitlines() == [
-        "| learner step | slea | grpo |", "|---|---|---|",
+        "| learner step | slea | grpo |",
+        "|---|---|---|",
         "| 0 | 0.094 (0.062-0.125, n=2) | 0.125 (0.125-0.125, n=1) |",
-        "| 6 | 0.375 (0.250-0.500, n=2) | 0.188 (0.188-0.188, n=1) |"]
+        "| 6 | 0.375 (0.250-0.500, n=2) | 0.188 (0.188-0.188, n=1) |",
+    ]
     assert_png(png)
