@@ -51,9 +51,8 @@ class WorkerStats:
     successes: int = 0
     abandoned_marked: int = 0  # markers written for a previous incarnation's or a stopped run's episodes
     throttled_s: float = 0.0
-    busy_s: float = (
-        0.0  # wall seconds with at least one group in play (generation, env steps, prompts; `slea bench async`)
-    )
+    # wall seconds with at least one group in play (generation, env steps, prompts; `slea bench async`)
+    busy_s: float = 0.0
     timers: StepTimers = field(default_factory=StepTimers)
 
 

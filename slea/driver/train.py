@@ -80,9 +80,8 @@ class Progress:
         self.seconds_per_step = 0.0
         self.latest: dict = {}
         self.successes: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # task type -> [wins, episodes]
-        self.latest_eval: tuple[int, float | None] | None = (
-            None  # (learner step, held-out success) of the newest evaluation
-        )
+        # (learner step, held-out success) of the newest evaluation
+        self.latest_eval: tuple[int, float | None] | None = None
 
     def add_step(self, metrics: dict) -> None:
         now = time.monotonic()
