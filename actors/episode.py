@@ -37,7 +37,7 @@ class EpisodeSpec:
 
 @dataclass
 class StepTimers:
-    """Where an actor's wall time goes (seconds, summed over steps)."""
+    """Where an actor's wall time goes (seconds, summed over steps), and what its steps showed."""
 
     generation_s: float = 0.0  # awaiting the engine (episodes overlap: can exceed wall time)
     env_s: float = 0.0  # inside env.reset / env.step
@@ -45,6 +45,8 @@ class StepTimers:
     overhead_s: float = 0.0  # ours, run serially in the event loop: prompt building, records, XADD
     steps: int = 0
     tokens: int = 0
+    strategy_steps: int = 0  # steps whose prompt showed at least one strategy (E+)
+    warning_steps: int = 0  # steps whose prompt showed at least one warning (E-)
 
 
 @dataclass
@@ -124,6 +126,8 @@ async def play_episode(
         result.success = result.success or (outcome.won and outcome.done)
         timers.steps += 1
         timers.tokens += len(generation.response_ids)
+        timers.strategy_steps += any(experience.zone == "strategy" for experience in injected)
+        timers.warning_steps += any(experience.zone == "warning" for experience in injected)
         timers.overhead_s += time.perf_counter() - after_env
         if done:
             break

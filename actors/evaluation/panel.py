@@ -127,8 +127,10 @@ async def play_panel(
     settings: PanelSettings,
     library_note: str,
     env_pool: list[TextEnv] | None = None,
+    on_episode: Callable[[int, int], None] | None = None,
 ) -> PanelResult:
-    """Play `tasks` in every mode; with-library rows are marked unavailable when `retrieval` is None."""
+    """Play `tasks` in every mode; with-library rows are marked unavailable when `retrieval` is None.
+    `on_episode(played, in all)` is called as each episode finishes (progress for the caller)."""
     check_settings(settings)
     if not tasks:
         raise ValueError("the evaluation panel is empty")
@@ -142,6 +144,8 @@ async def play_panel(
     wall_s, tokens = {}, {}
     misses_before = retrieval.misses if retrieval is not None else 0
     base_sampling = engine.sampling
+    in_all = len(library_modes) * len(tasks) * (settings.samples_per_task + 1)  # + 1: the greedy episode
+    played = 0
 
     async def play(task: EnvTask, decoding: str, library: bool, sample: int, timers: StepTimers) -> EpisodeOutcome:
         spec = EpisodeSpec(
@@ -165,6 +169,10 @@ async def play_panel(
                 result = await play_episode(spec, env, engine, builder, retrieval if library else None, count, timers)
             finally:
                 envs.append(env)
+        nonlocal played
+        played += 1
+        if on_episode is not None:
+            on_episode(played, in_all)
         return EpisodeOutcome(
             task.task_id,
             task.task_type,

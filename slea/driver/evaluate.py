@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,9 +99,11 @@ def evaluate_engine(
     out_dir: str | Path | None = None,
     facts: dict | None = None,
     env_pool: list | None = None,
+    on_episode: Callable[[int, int], None] | None = None,
 ) -> EvalReport:
     """Play the panel of `env_name` (default config.envs.name) through `engine`; writes the report if
-    `out_dir`. With `env_pool` the envs are taken from and left in it (see play_panel)."""
+    `out_dir`. With `env_pool` the envs are taken from and left in it, and `on_episode(played, in all)`
+    hears of every finished episode (see play_panel)."""
     envs = config.envs
     env_name = env_name or envs.name
     panel = panel or envs.eval_panel
@@ -127,6 +130,7 @@ def evaluate_engine(
             settings,
             library_note,
             env_pool,
+            on_episode,
         )
     )
     template.close()

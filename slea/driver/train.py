@@ -14,18 +14,18 @@ library snapshot, then stops Serve, Ray and the embedded Redis. A second Ctrl-C 
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
-import time
-from collections import defaultdict
 
 import ray
 from rich.console import Console
 from rich.live import Live
-from rich.table import Table
 
 from slea.channels import RAY_NAMESPACE
 from slea.config import SleaConfig, check_trainable
+from slea.driver.progress import Progress, RunConsole, summary_lines
 from slea.redis_conn import connect
 from slea.services import STREAM_GROUPS, prepare_run_dir, redis_for_run, sigterm_as_interrupt
 from slea.stream_admin import group_stats, trim_acknowledged
@@ -70,86 +70,41 @@ def run_metrics(learner: dict, lags: dict[str, int], library: dict | None, pool:
     return line
 
 
-class Progress:
-    """What the display shows, accumulated from learner metrics and pool summaries."""
-
-    def __init__(self, config: SleaConfig):
-        self.config = config
-        self.started = time.monotonic()
-        self.last_step_at = self.started
-        self.seconds_per_step = 0.0
-        self.latest: dict = {}
-        self.successes: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # task type -> [wins, episodes]
-        # (learner step, held-out success) of the newest evaluation
-        self.latest_eval: tuple[int, float | None] | None = None
-
-    def add_step(self, metrics: dict) -> None:
-        now = time.monotonic()
-        self.seconds_per_step, self.last_step_at = now - self.last_step_at, now
-        self.latest = metrics
-        for key, value in metrics.items():
-            if key.startswith("episodes/"):
-                _, task_type, what = key.split("/")
-                self.successes[task_type][0 if what == "successes" else 1] += int(value)
-
-    def log_line(self, line: dict) -> str:
-        success = line.get("actors/success_rate")
-        return (
-            f"step {self.latest.get('learner_step', 0)}/{self.config.learner.max_steps} "
-            f"version {self.latest.get('policy_version', 0)} "
-            f"success {'-' if success is None else f'{success:.2f}'} "
-            f"loss {self.latest.get('loss', 0.0):.4f} lag {line.get('stream/lag/learner', 0)} "
-            f"{self.seconds_per_step:.1f} s/step"
-        )
-
-    def table(self, pool: list[dict], lag: int, library: dict | None) -> Table:
-        cfg = self.config
-        table = Table(title=f"slea train: {cfg.run.id} ({cfg.run.preset})", show_header=False)
-        table.add_row("learner step", f"{self.latest.get('learner_step', 0)} / {cfg.learner.max_steps}")
-        table.add_row("policy version", str(self.latest.get("policy_version", 0)))
-        table.add_row("episodes (actors)", str(sum(s["episodes_finished"] for s in pool)))
-        for task_type, (wins, episodes) in sorted(self.successes.items()):
-            table.add_row(f"success {task_type}", f"{wins}/{episodes} ({wins / max(episodes, 1):.0%})")
-        if self.latest_eval is not None:
-            step, success = self.latest_eval
-            table.add_row("held-out success", f"{'-' if success is None else f'{success:.0%}'} (step {step})")
-        table.add_row("stream lag (learner)", str(lag))
-        if library is not None:
-            table.add_row(
-                "library",
-                f"v{library['version']}, {sum(library['experiences'].values())} experiences, "
-                f"{library['clusters']} clusters",
-            )
-        table.add_row("s / learner step", f"{self.seconds_per_step:.1f}")
-        table.add_row("elapsed", f"{time.monotonic() - self.started:.0f} s")
-        return table
-
-
 def train(config: SleaConfig, resume_dir: str | None = None) -> int:
-    console = Console(stderr=True)
+    console = RunConsole(Console(stderr=True))
     check_trainable(config)
     run_dir = prepare_run_dir(config, resume_dir)
-    console.print(f"[bold]slea train[/] run [cyan]{config.run.id}[/] preset [cyan]{config.run.preset}[/] in {run_dir}")
+    console.note(
+        f"[bold]slea train[/] run [cyan]{config.run.id}[/] preset [cyan]{config.run.preset}[/] "
+        f"env [cyan]{config.envs.name}[/] model [cyan]{config.model.name}[/], {config.learner.max_steps} learner "
+        f"steps; outputs in {run_dir}"
+    )
     interrupts = {"count": 0}
 
     def on_sigint(_signum, _frame):
         interrupts["count"] += 1
         if interrupts["count"] > 1:
-            console.print("[red]second Ctrl-C: exiting now[/]")
+            console.console.print("[red]second Ctrl-C: exiting now[/]")
             os._exit(130)
         raise KeyboardInterrupt
 
     previous_handler = signal.signal(signal.SIGINT, on_sigint)
     try:
-        with sigterm_as_interrupt(), redis_for_run(config, run_dir) as url:
-            config.redis.url = url
+        with sigterm_as_interrupt(), contextlib.ExitStack() as services:
+            with console.phase(
+                "starting Redis (embedded, AOF in the run directory)"
+                if config.redis.url is None
+                else "connecting to Redis"
+            ):
+                config.redis.url = services.enter_context(redis_for_run(config, run_dir))
             return _run(config, run_dir, console, resumed=resume_dir is not None)
     finally:
         signal.signal(signal.SIGINT, previous_handler)
 
 
-def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -> int:
+def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False) -> int:
     from actors.pool import ActorPool
+    from learner.checkpoint import latest_checkpoint
     from learner.process import start_learner
     from monitoring.ray_metrics import use_ray_metrics
 
@@ -157,14 +112,19 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
     stream = config.stream_key()
     for group in STREAM_GROUPS:
         ensure_group(client, stream, group)
-    ray.init(
-        address=config.ray.address,
-        num_cpus=config.ray.num_cpus if config.ray.address is None else None,
-        namespace=RAY_NAMESPACE,
-        include_dashboard=False,
-        log_to_driver=False,
-        ignore_reinit_error=True,
-    )
+    with console.phase(
+        "starting Ray" if config.ray.address is None else f"joining the Ray cluster {config.ray.address}"
+    ):
+        ray.init(
+            address=config.ray.address,
+            num_cpus=config.ray.num_cpus if config.ray.address is None else None,
+            namespace=RAY_NAMESPACE,
+            include_dashboard=False,
+            log_to_driver=False,
+            ignore_reinit_error=True,
+            logging_level=logging.WARNING,  # our own lines say what starts; Ray's INFO lines would bury them
+        )
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
     if config.monitoring.metrics_port is None:
         use_ray_metrics()  # the driver's gauges (stream lag) go out through Ray's metrics port too
     else:
@@ -175,15 +135,21 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
     progress = Progress(config)
     library = learner = pool = None
     library_run, learner_runs = None, []
+    summaries, stats = [], None
     try:
         if config.library.enabled:
-            library, library_run = _start_library(config, run_dir)
-        ranks = start_learner(
-            config,
-            num_cpus=config.learner.num_cpus,
-            num_gpus=config.learner.num_gpus,
-            resources=dict(config.learner.resources) or None,
-        )
+            with console.phase("starting the experience library (writer, Ray Serve retrieval app, MiniLM embeddings)"):
+                library, library_run = _start_library(config, run_dir)
+        ranks_text = f"{config.learner.num_ranks} DeepSpeed ranks" if config.learner.num_ranks > 1 else "DeepSpeed"
+        with console.phase(
+            f"loading the learner ({config.model.name}, {ranks_text}, ZeRO-{config.learner.zero_stage})"
+        ):
+            ranks = start_learner(
+                config,
+                num_cpus=config.learner.num_cpus,
+                num_gpus=config.learner.num_gpus,
+                resources=dict(config.learner.resources) or None,
+            )
         learner = ranks[0]  # the driver talks to rank 0; the other ranks follow it
         learner_runs = [rank.run.remote() for rank in ranks]
         evals = _start_evaluator(config, run_dir)
@@ -191,7 +157,12 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
             evals.on_learner_step(0, final=True)  # the policy before any update: the curve's first point
         pool = ActorPool(config, config.redis.url)
         pool.scale(config.actors.num_workers)
-        with Live(console=console, refresh_per_second=1, transient=False) as live:
+        actors = config.actors
+        console.note(
+            f"{actors.num_workers} actor worker(s) x {actors.envs_per_worker} envs ({actors.engine}) play {config.envs.name} "
+            f"in groups of {actors.group_size}; each learner step trains on {config.learner.tasks_per_step} group(s)"
+        )
+        with Live(console=console.console, refresh_per_second=1, transient=False) as live:
             while True:
                 done, _ = ray.wait(learner_runs, timeout=POLL_S)  # any rank returning ends the learner
                 pool.supervise()
@@ -203,38 +174,45 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
                     progress.add_step(metrics)
                     line = run_metrics(metrics, lags, stats, summaries)
                     recorder.record(metrics["learner_step"], line)
-                    if not console.is_terminal:  # logs (CI, kubectl logs) get one line per step instead
-                        console.print(progress.log_line(line))
+                    if not console.console.is_terminal:  # logs (CI, kubectl logs) get one line per step instead
+                        console.note(progress.log_line(line))
                     if evals is not None:
                         evals.on_learner_step(metrics["learner_step"])
                 if evals is not None:
                     _record_evals(evals.poll(), progress, recorder, console)
+                    _show_eval_progress(evals, progress, console)
                 live.update(progress.table(summaries, lags.get("learner", 0), stats))
                 if done:
                     ray.get(learner_runs)  # surfaces a learner failure (on any rank)
                     break
         if evals is not None:  # the last policy's point: actors stop first, so it gets the CPUs
-            pool.stop()
+            summaries = pool.stop() or summaries
             pool = None
             evals.on_learner_step(progress.latest.get("learner_step", 0), final=True)
-            console.print("final held-out evaluation ...")
+            console.note("final held-out evaluation (the actors have stopped: it gets their CPUs) ...")
             while evals.busy:
                 _record_evals(evals.poll(timeout_s=POLL_S), progress, recorder, console)
-        console.print(
-            f"[green]done[/]: {progress.latest.get('learner_step', 0)} learner steps, "
-            f"policy version {progress.latest.get('policy_version', 0)}; outputs in {run_dir}"
-        )
-        return 0
+                _show_eval_progress(evals, progress, console, always_log=True)
     except KeyboardInterrupt:
-        console.print(
+        console.note(
             "[yellow]stopping: actors abandon the groups in flight, the learner checkpoints, the library snapshots "
             "(Ctrl-C again to exit at once)[/]"
         )
         return 130
     finally:
-        _shutdown(pool, learner, learner_runs, library, library_run, recorder)
-        ray.shutdown()
-        client.close()
+        with console.phase("stopping: learner checkpoint, library snapshot, Ray"):
+            _shutdown(pool, learner, learner_runs, library, library_run, recorder)
+            ray.shutdown()
+            client.close()
+    from slea.driver.run_outputs import read_metrics
+
+    evaluations = [entry for entry in read_metrics(run_dir) if "eval/success_rate" in entry]
+    checkpoint = latest_checkpoint(run_dir / "learner" / "checkpoints")
+    lines = summary_lines(evaluations, progress, summaries, stats, run_dir, checkpoint, console.elapsed())
+    console.console.print("[green]done[/]: " + lines[0], highlight=False)
+    for line in lines[1:]:
+        console.console.print("  " + line, highlight=False)
+    return 0
 
 
 def _start_library(config: SleaConfig, run_dir):
@@ -262,16 +240,26 @@ def _start_evaluator(config: SleaConfig, run_dir):
     return EvalSchedule(evaluator, config.eval.every)
 
 
-def _record_evals(finished: list[tuple[int, dict]], progress: Progress, recorder, console: Console) -> None:
+def _record_evals(finished: list[tuple[int, dict]], progress: Progress, recorder, console: RunConsole) -> None:
     from slea.driver.train_eval import HEADLINE
 
     for learner_step, metrics in finished:
         recorder.record(learner_step, metrics)
         progress.latest_eval = (learner_step, metrics.get(HEADLINE))
-        console.print(
-            f"held-out eval at step {learner_step} (policy v{metrics['eval/policy_version']}): "
-            f"success {metrics.get(HEADLINE, float('nan')):.2f}"
+        console.note(
+            f"held-out evaluation at step {learner_step} (policy v{metrics['eval/policy_version']}): success "
+            f"{metrics.get(HEADLINE, float('nan')):.0%}, without the library "
+            f"{metrics.get('eval/sampled/no_library/success_rate', float('nan')):.0%} "
+            f"({metrics['eval/seconds']:.0f} s)"
         )
+
+
+def _show_eval_progress(evals, progress: Progress, console: RunConsole, always_log: bool = False) -> None:
+    """The running evaluation's episode count: in the live table, and as a line in logs (or when
+    nothing else is on the screen, during the final evaluation)."""
+    line = progress.eval_progress(evals.progress())
+    if line is not None and (always_log or not console.console.is_terminal):
+        console.note(line)
 
 
 def _recorder(config: SleaConfig, run_dir):

@@ -46,7 +46,8 @@ def eval_metrics(report: dict, with_library: bool) -> dict[str, float]:
     return metrics
 
 
-@ray.remote(max_restarts=-1, max_task_retries=0)  # a killed evaluator (memory) comes back for the next request
+# A killed evaluator (memory) comes back for the next request; a second thread answers `progress`.
+@ray.remote(max_restarts=-1, max_task_retries=0, max_concurrency=2)
 class PanelEvaluator:
     """Owns one engine and plays the held-out panel with whatever weights the learner published last."""
 
@@ -61,6 +62,7 @@ class PanelEvaluator:
             self.config.envs.panel_size = self.config.eval.panel_size
         self.run_dir = Path(run_dir)
         self.env_pool: list = []  # envs kept across evaluations (actors/evaluation/panel.py says why)
+        self._progress: tuple[int, int, int] | None = None  # (learner step, episodes played, in all) while evaluating
         model = self.config.model
         self.engine = make_engine(
             "transformers",
@@ -101,26 +103,41 @@ class PanelEvaluator:
         return retrieval_client_for(self.config, handle) if handle is not None else None
 
     def evaluate(self, learner_step: int) -> dict:
-        """Play the panel with the newest weights; returns the flat metrics (see eval_metrics)."""
+        """Play the panel with the newest weights; returns the flat metrics (see eval_metrics).
+
+        Before the first update (step 0) the panel is played without the library: it is empty
+        then, or holds only what training added while this evaluation waited, so a with-library
+        row would measure neither the base policy nor a trained one."""
         from slea.driver.evaluate import evaluate_engine
 
         version = self._load_latest_weights()
         cfg = self.config
-        retrieval = self._retrieval()
+        retrieval = self._retrieval() if learner_step > 0 else None
+        note = "the run's live library" if retrieval is not None else "the run has no library"
+        if learner_step == 0 and cfg.library.enabled:
+            note = "not played before the first update: the library starts empty"
         started = time.monotonic()
-        report = evaluate_engine(
-            self.engine,
-            cfg,
-            samples_per_task=cfg.eval.samples_per_task,
-            retrieval=retrieval,
-            library_note="the run's live library" if retrieval is not None else "the run has no library",
-            out_dir=self.run_dir / "eval" / f"step-{learner_step:05d}-v{version:05d}",
-            facts={"model": cfg.model.name, "learner_step": learner_step, "policy_version": version},
-            env_pool=self.env_pool,
-        ).report
+        try:
+            report = evaluate_engine(
+                self.engine,
+                cfg,
+                samples_per_task=cfg.eval.samples_per_task,
+                retrieval=retrieval,
+                library_note=note,
+                out_dir=self.run_dir / "eval" / f"step-{learner_step:05d}-v{version:05d}",
+                facts={"model": cfg.model.name, "learner_step": learner_step, "policy_version": version},
+                env_pool=self.env_pool,
+                on_episode=lambda played, episodes: setattr(self, "_progress", (learner_step, played, episodes)),
+            ).report
+        finally:
+            self._progress = None
         metrics = eval_metrics(report, with_library=retrieval is not None)
         metrics["eval/seconds"] = time.monotonic() - started
         return metrics
+
+    def progress(self) -> tuple[int, int, int] | None:
+        """(learner step, episodes played, episodes in all) of the evaluation running now, else None."""
+        return self._progress
 
 
 class EvalSchedule:
@@ -166,6 +183,15 @@ class EvalSchedule:
             log.warning("held-out evaluation of learner step %d failed: %s", step, exc)
             self.failed.append(step)
             return []
+
+    def progress(self) -> tuple[int, int, int] | None:
+        """The running evaluation's (learner step, episodes played, in all), or None."""
+        if self._running is None:
+            return None
+        try:
+            return ray.get(self.evaluator.progress.remote(), timeout=5)
+        except (ray.exceptions.RayError, TimeoutError):  # restarting, or busy loading weights: no news
+            return None
 
     @property
     def busy(self) -> bool:

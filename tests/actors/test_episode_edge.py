@@ -8,7 +8,7 @@ import numpy as np
 
 from actors.engines.base import Generation
 from actors.envs.registry import make_env
-from actors.episode import EpisodeSpec, play_episode
+from actors.episode import EpisodeSpec, StepTimers, play_episode
 from actors.prompts import Experience, PromptBuilder
 from actors.retrieval_client import Retrieved
 from slea.models import shipped_tokenizer
@@ -102,3 +102,20 @@ def test_budget_mixed_training_draws_one_budget_per_group(redis_client):
     group_budgets = [{spec.step_budget for spec in worker._group_specs(next(worker._tasks))} for _ in range(30)]
     assert all(len(budgets) == 1 for budgets in group_budgets)  # every trajectory of a group has the same horizon
     assert set().union(*group_budgets) == {3, 5, 8}  # and the groups still mix the budgets
+
+
+def test_steps_count_what_their_prompts_showed():
+    """The worker's summary counts steps whose prompt showed a strategy or a warning (the driver's
+    "prompts with experiences"): the A half shows the lesson at every step, the B half never."""
+    env = make_env("frozenlake", max_steps=3)
+    task = env.make_task(0, split="train")
+    for with_experience, expected in ((True, 1), (False, 0)):
+        timers = StepTimers()
+        spec = EpisodeSpec("run", task, "g", f"g-{int(with_experience)}", 3, with_experience, "step")
+        result = asyncio.run(
+            play_episode(
+                spec, env, FixedEngine(), PromptBuilder(TOKENIZER), OneLessonLibrary(), lambda _r: None, timers
+            )
+        )
+        assert timers.steps == result.steps > 0
+        assert (timers.strategy_steps, timers.warning_steps) == (expected * result.steps, 0)

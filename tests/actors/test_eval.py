@@ -78,6 +78,7 @@ def test_tiny_model_plays_a_frozenlake_panel_into_a_consistent_report(engine, tm
     batches = []
     generate_batch = engine.generate_batch
     engine.generate_batch = lambda prompts: batches.append(len(prompts)) or generate_batch(prompts)
+    heard = []
     try:
         result = asyncio.run(
             play_panel(
@@ -88,6 +89,7 @@ def test_tiny_model_plays_a_frozenlake_panel_into_a_consistent_report(engine, tm
                 None,
                 settings,
                 "no library in this test",
+                on_episode=lambda played, in_all: heard.append((played, in_all)),
             )
         )
     finally:
@@ -100,6 +102,7 @@ def test_tiny_model_plays_a_frozenlake_panel_into_a_consistent_report(engine, tm
     assert len(sampled) == 3 * 2 and len(greedy) == 3 and not any(o.library for o in result.outcomes)
     assert sorted({(o.task_id, o.sample) for o in sampled}) == sorted((t.task_id, s) for t in tasks for s in (0, 1))
     assert all(1 <= o.steps <= 3 for o in result.outcomes)
+    assert heard == [(n, 9) for n in range(1, 10)]  # each finished episode, out of 3 tasks x (2 sampled + 1 greedy)
 
     files = write_report(result, {"model": "tiny", "env": "frozenlake", "panel": "default"}, tmp_path)
     report = json.loads(files["json"].read_text())

@@ -154,7 +154,7 @@ def test_config_show_prints_the_resolved_config():
     assert shown["run"]["preset"] == "grpo" and shown["library"]["enabled"] is False
     assert shown["learner"]["omega"] == 0.0 and shown["learner"]["advantage_mode"] == "mean_std_norm"
     assert (
-        shown["actors"]["retrieval_mode"] == "none" and shown["envs"]["name"] == "alfworld"
+        shown["actors"]["retrieval_mode"] == "none" and shown["envs"]["name"] == "textworld"
     )  # the file's own keys too
 
 

@@ -86,6 +86,9 @@ class GatedEvaluator:
     def started_steps(self) -> list[int]:
         return list(self.started)
 
+    def progress(self) -> tuple[int, int, int] | None:
+        return (self.started[-1], 1, 2) if self.started else None
+
 
 def _finish_one(evaluator, schedule) -> list:
     evaluator.open_gate.remote()
@@ -101,11 +104,12 @@ def test_schedule_runs_one_at_a_time_and_a_newer_request_replaces_a_waiting_one(
     schedule.on_learner_step(4)  # replaces step 2 while it waits
     schedule.on_learner_step(4)  # asked once only
     assert schedule.poll() == [] and schedule.busy
+    assert schedule.progress() == (0, 1, 2)  # the running evaluation's own count
     assert _finish_one(evaluator, schedule)[0] == (0, {HEADLINE: 0.0})
     finished = _finish_one(evaluator, schedule)
     assert finished == [(4, {HEADLINE: 0.4})]
     assert ray.get(evaluator.started_steps.remote()) == [0, 4]
-    assert not schedule.busy
+    assert not schedule.busy and schedule.progress() is None
     schedule.on_learner_step(5, final=True)  # the last step is evaluated whatever `every` says
     assert _finish_one(evaluator, schedule) == [(5, {HEADLINE: 0.5})]
 

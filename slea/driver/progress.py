@@ -1,0 +1,194 @@
+"""What `slea train` shows: each start-up phase as it happens, the live table, the closing summary.
+
+A first run must say what it is doing from its first second: starting Redis and Ray, loading
+the models, evaluating the base policy. On a terminal a phase shows a spinner and then one line
+with its duration; in a log (CI, `kubectl logs`, a pipe) the same phases are plain timestamped
+lines, as are learner steps and evaluation progress, so nothing depends on a terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from slea.config import SleaConfig
+
+EVAL_PROGRESS_EVERY_S = 15.0  # plain-line logs print evaluation progress at most this often
+
+
+class RunConsole:
+    """Timestamped start-up phases and notes, on a terminal or as plain lines."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.started = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def note(self, text: str) -> None:
+        self.console.print(f"[dim]{self.elapsed():6.1f}s[/] {text}", highlight=False)
+
+    @contextlib.contextmanager
+    def phase(self, doing: str) -> Iterator[None]:
+        """`doing` while the block runs (a spinner on a terminal, a line in a log), then its duration."""
+        started = time.monotonic()
+        if self.console.is_terminal:
+            with self.console.status(f"{doing} ..."):
+                yield
+        else:
+            self.note(f"{doing} ...")
+            yield
+        self.note(f"{doing}: done in {time.monotonic() - started:.1f} s")
+
+
+class Progress:
+    """What the display shows, accumulated from learner metrics, pool summaries and evaluations."""
+
+    def __init__(self, config: SleaConfig):
+        self.config = config
+        self.started = time.monotonic()
+        self.last_step_at = self.started
+        self.seconds_per_step = 0.0
+        self.latest: dict = {}
+        self.successes: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # task type -> [wins, episodes]
+        # (learner step, held-out success) of the newest evaluation
+        self.latest_eval: tuple[int, float | None] | None = None
+        # (learner step, episodes played, episodes in the evaluation) of the one running, if any
+        self.eval_running: tuple[int, int, int] | None = None
+        self._eval_logged_at = 0.0
+
+    def add_step(self, metrics: dict) -> None:
+        now = time.monotonic()
+        self.seconds_per_step, self.last_step_at = now - self.last_step_at, now
+        self.latest = metrics
+        for key, value in metrics.items():
+            if key.startswith("episodes/"):
+                _, task_type, what = key.split("/")
+                self.successes[task_type][0 if what == "successes" else 1] += int(value)
+
+    def log_line(self, line: dict) -> str:
+        success = line.get("actors/success_rate")
+        return (
+            f"step {self.latest.get('learner_step', 0)}/{self.config.learner.max_steps} "
+            f"version {self.latest.get('policy_version', 0)} "
+            f"success {'-' if success is None else f'{success:.2f}'} "
+            f"loss {self.latest.get('loss', 0.0):.4f} lag {line.get('stream/lag/learner', 0)} "
+            f"{self.seconds_per_step:.1f} s/step"
+        )
+
+    def eval_progress(self, progress: tuple[int, int, int] | None) -> str | None:
+        """Record the running evaluation's progress; returns a log line when one is due (logs only)."""
+        self.eval_running = progress
+        if progress is None or time.monotonic() - self._eval_logged_at < EVAL_PROGRESS_EVERY_S:
+            return None
+        self._eval_logged_at = time.monotonic()
+        return eval_progress_text(*progress)
+
+    def table(self, pool: list[dict], lag: int, library: dict | None) -> Table:
+        cfg = self.config
+        table = Table(title=f"slea train: {cfg.run.id} ({cfg.run.preset})", show_header=False)
+        table.add_row("learner step", f"{self.latest.get('learner_step', 0)} / {cfg.learner.max_steps}")
+        table.add_row("policy version", str(self.latest.get("policy_version", 0)))
+        table.add_row("episodes (actors)", str(sum(s["episodes_finished"] for s in pool)))
+        for task_type, (wins, episodes) in sorted(self.successes.items()):
+            table.add_row(f"success {task_type}", f"{wins}/{episodes} ({wins / max(episodes, 1):.0%})")
+        steps, strategy_steps, warning_steps = shown_counts(pool)
+        if steps:
+            table.add_row(
+                "prompts with experiences", f"strategies {strategy_steps}, warnings {warning_steps} of {steps}"
+            )
+        if self.latest_eval is not None:
+            step, success = self.latest_eval
+            table.add_row("held-out success", f"{'-' if success is None else f'{success:.0%}'} (step {step})")
+        if self.eval_running is not None:
+            table.add_row("evaluating", eval_progress_text(*self.eval_running))
+        table.add_row("stream lag (learner)", str(lag))
+        if library is not None:
+            table.add_row("library", library_text(library))
+        table.add_row("s / learner step", f"{self.seconds_per_step:.1f}")
+        table.add_row("elapsed", f"{time.monotonic() - self.started:.0f} s")
+        return table
+
+
+def eval_progress_text(learner_step: int, played: int, episodes: int) -> str:
+    what = "the base policy" if learner_step == 0 else f"the policy of step {learner_step}"
+    return f"held-out evaluation of {what}: {played} of {episodes} episodes"
+
+
+def shown_counts(pool: list[dict]) -> tuple[int, int, int]:
+    """(steps played, steps whose prompt showed a strategy, ... a warning), summed over workers."""
+    timers = [summary["timers"] for summary in pool]
+    return tuple(sum(t[key] for t in timers) for key in ("steps", "strategy_steps", "warning_steps"))
+
+
+def library_text(library: dict) -> str:
+    zones: dict[str, int] = defaultdict(int)
+    for zone_level, size in library["experiences"].items():
+        zones[zone_level.split("/")[0]] += size
+    return (
+        f"v{library['version']}: {zones['strategy']} strategies, {zones['warning']} warnings, "
+        f"{library['clusters']} clusters"
+    )
+
+
+def summary_lines(
+    evaluations: list[dict],
+    progress: Progress,
+    pool: list[dict],
+    library: dict | None,
+    run_dir: Path,
+    checkpoint: Path | None,
+    wall_s: float,
+) -> list[str]:
+    """The closing summary: what the run did, what changed between its first and last held-out
+    evaluation, what the library holds, where the outputs are, and what to try next.
+    `evaluations` are metrics.jsonl entries with an `eval/success_rate`, in step order."""
+    cfg = progress.config
+    wins = sum(won for won, _ in progress.successes.values())
+    episodes = sum(played for _, played in progress.successes.values())
+    lines = [
+        f"run {cfg.run.id} ({cfg.run.preset}, {cfg.envs.name}): {progress.latest.get('learner_step', 0)} learner "
+        f"steps, policy v{progress.latest.get('policy_version', 0)}, {wall_s / 60:.1f} min",
+        f"training episodes: {wins} of {episodes} won",
+    ]
+    if len(evaluations) >= 2:
+        first, last = evaluations[0], evaluations[-1]
+        lines.append(
+            f"held-out panel, step {first['step']} -> {last['step']}: "
+            + "; ".join(_changed(first, last, key, name) for key, name in _EVAL_KEYS if key in first and key in last)
+        )
+    elif evaluations:
+        lines.append(f"held-out success at step {evaluations[0]['step']}: {evaluations[0]['eval/success_rate']:.0%}")
+    steps, strategy_steps, warning_steps = shown_counts(pool)
+    if library is not None:
+        lines.append(
+            f"library {library_text(library)}; of {steps} training prompts {strategy_steps} showed strategies "
+            f"and {warning_steps} warnings"
+        )
+    lines.append(f"plots: {run_dir / 'plots'}   metrics: {run_dir / 'metrics.jsonl'}")
+    if checkpoint is not None:
+        lines.append(f"checkpoint: {checkpoint / 'hf'} (loads with transformers and vLLM)")
+    lines.append(
+        f"next: slea library show {run_dir}  |  slea eval {run_dir}  |  "
+        f"slea train --resume {run_dir} --set learner.max_steps={cfg.learner.max_steps * 2}"
+    )
+    return lines
+
+
+# (metrics.jsonl key, how the summary names it)
+_EVAL_KEYS = (
+    ("eval/success_rate", "success as deployed (with the library when the run has one)"),
+    ("eval/sampled/no_library/success_rate", "the policy alone"),
+    ("eval/sampled/no_library/invalid_action_rate", "invalid actions"),
+)
+
+
+def _changed(first: dict, last: dict, key: str, name: str) -> str:
+    return f"{name} {first[key]:.0%} -> {last[key]:.0%}"
