@@ -127,7 +127,36 @@ class EnvsConfig(_Section):
         ge=1,
         description="Tasks in the evaluation panel (held out from training, with eval.panel_size's if larger).",
     )
-    plugins: dict[str, str] = Field(default_factory=dict, description="Extra envs: name -> 'module:Class' adapter.")
+    plugins: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra envs: name -> 'module:Class' or 'path/to/adapter.py:Class' (a TextEnv subclass).",
+    )
+
+    @field_validator("plugins")
+    @classmethod
+    def _plugins_are_specs(cls, plugins: dict[str, str]) -> dict[str, str]:
+        """Each value is a spec; a file is made absolute here, where the config is loaded, so Ray
+        workers started in another directory (and a resumed run) import the same file."""
+        resolved = {}
+        for name, spec in plugins.items():
+            try:
+                source, class_name, is_file = parse_plugin_spec(spec)
+            except ValueError as error:
+                raise ValueError(f"plugin {name}={spec}: {error}") from None
+            resolved[name] = f"{Path(source).expanduser().resolve()}:{class_name}" if is_file else spec
+        return resolved
+
+
+def parse_plugin_spec(spec: str) -> tuple[str, str, bool]:
+    """'module:Class' or 'path/to/adapter.py:Class' -> (module or file, class name, whether it is a file).
+
+    A source ending in '.py' is a file; anything else is a module name. The class name is what
+    follows the last ':', so a Windows drive letter stays in the path.
+    """
+    source, _, class_name = str(spec).rpartition(":")
+    if not source or not class_name.isidentifier():
+        raise ValueError("a plugin must be 'module:Class' or 'path/to/adapter.py:Class'")
+    return source, class_name, source.endswith(".py")
 
 
 class ActorsConfig(_Section):

@@ -6,10 +6,17 @@ and `simple` (a six-room house with a key, a door and a delivery), plus `custom`
 `textworld.generator.make_game` (random worlds with a quest of a given length). A game is
 generated from (task type, settings, seed) exactly as `tw-make ... --seed` would, compiled once
 with TextWorld's bundled Inform 7 into the cache dir, and played through `textworld.start`
-(Jericho plus TextWorld's state tracking), which supplies the admissible commands and the
-walkthrough from the current state (the expert).
+(Jericho plus TextWorld's state tracking), which supplies the admissible commands.
 
-Params: `difficulty` "easy" | "medium" | "hard" (default "medium"), `task_types` (default all).
+Your own games: `games_dir: /path/to/games` plays a folder of compiled TextWorld games instead
+(`.z8` with the `.json` TextWorld writes beside it, e.g. from `tw-make ... --output DIR/`), with
+`held_out_fraction` of them (default 0.2) held out for the evaluation panels (actors/envs/textworld_folder.py).
+
+The expert plays the game's own walkthrough (the one its .json records, or derived from its quests)
+while the episode follows it, and TextWorld's winning policy from the current state once it does not.
+
+Params: `difficulty` "easy" | "medium" | "hard" (default "medium"), `task_types` (default all; with
+`games_dir`, the folder's types), `games_dir`, `held_out_fraction`.
 Reward is the game's own score gained by the step (TextWorld's points; tw-simple gives dense
 sub-goal points); won is the game's quest completed. A command that is not admissible is not sent
 to the game: nothing happens, and the step is invalid.
@@ -38,6 +45,7 @@ from textworld.generator.game import Game, GameOptions
 
 from actors.envs.base import EnvObservation, EnvTask, ResetOutcome, StepOutcome, TextEnv
 from actors.envs.registry import register_env
+from actors.envs.textworld_folder import DEFAULT_HELD_OUT_FRACTION, GamesFolder
 
 NOTHING_HAPPENS = "Nothing happens."
 # Commands that only show something: Inform's look, examine and inventory change no fact of the world.
@@ -128,6 +136,11 @@ def _structure_hash(game: Game) -> str:
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
+@lru_cache(maxsize=4096)
+def _folder_game_hash(game_json: Path) -> str:
+    return _structure_hash(Game.load(str(game_json)))
+
+
 def compiled_game(task_type: str, settings: dict[str, Any], seed: int) -> Path:
     """Path of the compiled game (.z8 beside its .json), compiling it with Inform 7 on first use.
 
@@ -185,14 +198,24 @@ class TextWorldGamesEnv(TextEnv):
 
     def __init__(self, params: dict[str, Any] | None = None, max_steps: int | None = None):
         super().__init__(params, max_steps)
-        unknown = set(self.params) - {"difficulty", "task_types"}
+        unknown = set(self.params) - {"difficulty", "task_types", "games_dir", "held_out_fraction"}
         if unknown:
             raise ValueError(f"textworld: unknown params {sorted(unknown)}")
         self.difficulty = self.params.get("difficulty", "medium")
         if self.difficulty not in DIFFICULTIES:
             raise ValueError(f"textworld: difficulty must be one of {list(DIFFICULTIES)}, got {self.difficulty!r}")
-        self._task_types = tuple(self.params.get("task_types") or TASK_TYPES)
-        if set(self._task_types) - set(TASK_TYPES):
+        self._folder: GamesFolder | None = None
+        if self.params.get("games_dir"):
+            if "difficulty" in self.params:
+                raise ValueError("textworld: difficulty sets generated games; it means nothing with games_dir")
+            fraction = float(self.params.get("held_out_fraction", DEFAULT_HELD_OUT_FRACTION))
+            self._folder = GamesFolder(self.params["games_dir"], fraction, self.params.get("task_types"))
+        elif "held_out_fraction" in self.params:
+            raise ValueError("textworld: held_out_fraction splits a games_dir; give games_dir too")
+        self._task_types = tuple(
+            self._folder.task_types() if self._folder else self.params.get("task_types") or TASK_TYPES
+        )
+        if not self._folder and set(self._task_types) - set(TASK_TYPES):
             raise ValueError(
                 f"textworld: unknown task types {sorted(set(self._task_types) - set(TASK_TYPES))}; "
                 f"known: {list(TASK_TYPES)}"
@@ -202,6 +225,8 @@ class TextWorldGamesEnv(TextEnv):
         self._state: textworld.GameState | None = None
         self._admissible: list[str] = []
         self._anchor = ""  # text of the current state: the game's answer to the last command that changed it
+        self._walkthrough: list[str] = []  # the game's own solution from its start
+        self._on_walkthrough: int | None = 0  # next walkthrough command while the episode follows it, else None
         self._steps = 0
         self._done = False
 
@@ -209,6 +234,9 @@ class TextWorldGamesEnv(TextEnv):
         return list(self._task_types)
 
     def make_task(self, seed: int, split: str) -> EnvTask:
+        if self._folder is not None:
+            game = self._folder.pick(seed, split)
+            return EnvTask("textworld", f"textworld/{split}/{seed}", game.task_type, seed, params={"game": game.name})
         task_type = self._task_types[seed % len(self._task_types)]
         settings = DIFFICULTIES[self.difficulty][task_type]
         return EnvTask("textworld", f"textworld/{split}/{seed}", task_type, seed, params={"settings": dict(settings)})
@@ -218,20 +246,34 @@ class TextWorldGamesEnv(TextEnv):
 
         The settings are part of it: tw-simple makes the same house with dense or sparse rewards.
         """
+        if "game" in task.params:  # a games_dir game: two files can hold the same game
+            json_file = self._game_file(task).with_suffix(".json")
+            return f"textworld:{task.task_type}:{_folder_game_hash(json_file)[:32]}"
         settings = task.params["settings"]
         game = _generated_game(task.task_type, json.dumps(settings, sort_keys=True), task.seed)
         return f"textworld:{task.task_type}:{_settings_tag(settings)}:{_structure_hash(game)[:32]}"
 
+    def _game_file(self, task: EnvTask) -> Path:
+        if "game" not in task.params:
+            return compiled_game(task.task_type, task.params["settings"], task.seed)
+        if self._folder is None:
+            raise ValueError(f"textworld: task {task.task_id} is a games_dir game; this env has no games_dir")
+        return self._folder.game_file(task.params["game"])
+
     def reset(self, task: EnvTask) -> ResetOutcome:
-        game_file = compiled_game(task.task_type, task.params["settings"], task.seed)
-        if self._engine is None:
+        game_file = self._game_file(task)
+        if game_file != self._loaded:
+            # A fresh engine per game rather than engine.load(): Jericho's load() of a game it has
+            # loaded before keeps the support flags of the game in between, and then cannot find the
+            # player (games A, B, A with B from tw-make). Starting costs what loading does (~25 ms).
+            if self._engine is not None:
+                self._engine.close()
             self._engine = textworld.start(str(game_file), request_infos=_REQUEST_INFOS)
-        elif game_file != self._loaded:
-            self._engine.load(str(game_file))
         self._loaded = game_file
         self._state = self._engine.reset()
         self._steps, self._done = 0, False
         self._admissible = list(self._state["admissible_commands"])
+        self._walkthrough, self._on_walkthrough = list(self._state["game"].walkthrough or []), 0
         objective = self._state["objective"] or ""
         room = split_intro(self._state.feedback, objective)
         self._anchor = room
@@ -262,8 +304,10 @@ class TextWorldGamesEnv(TextEnv):
             reward = float(self._state["score"] - previous_score)
             self._admissible = [] if game_over else list(self._state["admissible_commands"])
             text = clean_feedback(self._state.feedback)
-            if not command.lower().startswith(OBSERVING_VERBS):
+            observing = command.lower().startswith(OBSERVING_VERBS)
+            if not observing:
                 self._anchor = text
+            self._follow_walkthrough(command, observing)
         else:
             game_over = False
             text = NOTHING_HAPPENS
@@ -272,10 +316,24 @@ class TextWorldGamesEnv(TextEnv):
         info = {"score": self._state["score"], "max_score": self._state["max_score"], "lost": bool(self._state["lost"])}
         return StepOutcome(self._observation(text), reward, self._done, won, valid, info=info)
 
+    def _follow_walkthrough(self, command: str, observing: bool) -> None:
+        """Advance along the walkthrough, or leave it for good on a world-changing command it does not have."""
+        at = self._on_walkthrough
+        if at is not None and at < len(self._walkthrough) and _match_admissible(self._walkthrough[at], [command]):
+            self._on_walkthrough = at + 1
+        elif not observing:
+            self._on_walkthrough = None
+
     def expert_action(self) -> str | None:
-        """First command of TextWorld's winning policy from the current state."""
+        """The game's walkthrough while the episode follows it (and it is admissible), else the first
+        command of TextWorld's winning policy from the current state."""
         if self._state is None or self._done:
             return None
+        at = self._on_walkthrough
+        if at is not None and at < len(self._walkthrough):
+            command = _match_admissible(self._walkthrough[at], self._admissible)
+            if command is not None:
+                return command
         policy = self._state["policy_commands"] or []
         return policy[0] if policy else None
 

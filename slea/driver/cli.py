@@ -10,10 +10,11 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
-from actors.envs.registry import UnknownEnvError
+from actors.envs.registry import PluginError, UnknownEnvError, load_plugins
 from slea.config import ConfigError, apply_override, dump_config, load_config, parse_override
 from slea.embedded_redis import RedisServerMissing
 
@@ -39,6 +40,38 @@ def _config_args(parser: argparse.ArgumentParser, required: bool = False) -> Non
     )
 
 
+PLUGIN_HELP = (
+    "an env of your own: NAME=module:Class (importable here and in every Ray worker) or "
+    "NAME=path/to/adapter.py:Class (a file, no packaging needed; a relative path is from the current "
+    "directory); the class subclasses actors.envs.base.TextEnv (docs/adding-an-env.md). Repeatable"
+)
+_PLUGIN_IN_CONFIG = (
+    "; merged into the config's envs.plugins (a --plugin wins), so Ray workers and the run's config.yaml get it"
+)
+_PLUGIN_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _plugin_arg(parser: argparse.ArgumentParser, help_text: str = PLUGIN_HELP) -> None:
+    parser.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="NAME=SPEC", help=help_text)
+
+
+def _plugins(args: argparse.Namespace) -> dict[str, str]:
+    """--plugin NAME=SPEC values as envs.plugins entries (a later one of the same name wins)."""
+    plugins = {}
+    for item in args.plugins:
+        name, _, spec = item.partition("=")
+        if not _PLUGIN_NAME.fullmatch(name) or not spec:
+            raise PluginError(f"--plugin {item!r} must be NAME=module:Class or NAME=path/to/adapter.py:Class")
+        plugins[name] = spec
+    return plugins
+
+
+def _plugin_overrides(args: argparse.Namespace) -> list[str]:
+    """--plugin as --set envs.plugins.NAME=SPEC overrides, so the plugins travel in the run's config
+    to every process that builds envs (actor workers, the evaluator) and into its config.yaml."""
+    return [f"envs.plugins.{name}={json.dumps(spec)}" for name, spec in _plugins(args).items()]
+
+
 def _print_result(result: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result, indent=2, sort_keys=False))
@@ -55,7 +88,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             "slea train needs a run config: `slea train configs/local.yaml` is the embedded CPU "
             "default (configs/ has the others), or `slea train --resume runs/<id>` continues a run"
         )
-    config = load_config(args.config, args.overrides)
+    config = load_config(args.config, [*args.overrides, *_plugin_overrides(args)])
+    load_plugins(config.envs.plugins)  # a bad plugin fails here, before Redis, Ray and the model start
     from slea.driver.train import train
 
     return train(config, resume_dir=args.resume)
@@ -74,14 +108,29 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_play(args: argparse.Namespace) -> int:
-    from actors.envs.runner import play
+    from actors.envs.runner import EnvUnavailableError, play
 
+    plugins = _plugins(args)
+    env = args.env or (next(iter(plugins)) if len(plugins) == 1 else None)
+    if env is None:
+        print("slea play: say which env to play with --env NAME (or give exactly one --plugin)", file=sys.stderr)
+        return 2
     params: dict = {}
     for item in args.param:
         apply_override(params, *parse_override(item))
-    result = play(
-        args.env, policy=args.policy, episodes=args.episodes, seed=args.seed, params=params, max_steps=args.max_steps
-    )
+    try:
+        result = play(
+            env,
+            policy=args.policy,
+            episodes=args.episodes,
+            seed=args.seed,
+            params=params,
+            max_steps=args.max_steps,
+            plugins=plugins,
+        )
+    except (EnvUnavailableError, ValueError) as exc:  # a missing dependency, bad params, no expert
+        print(f"slea play: {exc}", file=sys.stderr)
+        return 2
     _print_result(result, args.json)
     return 0
 
@@ -151,7 +200,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             ks=args.ks,
             budgets=args.budgets,
             config_file=args.config,
-            overrides=args.overrides,
+            overrides=[*args.overrides, *_plugin_overrides(args)],
             out_dir=args.out,
             use_library=not args.no_library,
         )
@@ -196,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="run training from a config (actors, learner, library)")
     _config_args(train)
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its directory")
+    _plugin_arg(train, PLUGIN_HELP + _PLUGIN_IN_CONFIG + "; select it with --set envs.name=NAME")
     train.set_defaults(func=cmd_train)
 
     config = commands.add_parser("config", help="inspect run configs")
@@ -230,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a config value, e.g. --set envs.panel_size=10 (repeatable)",
     )
     evaluate.add_argument("--no-library", action="store_true", help="skip the with-library rows")
+    _plugin_arg(evaluate, PLUGIN_HELP + _PLUGIN_IN_CONFIG + "; select it with --env NAME")
     evaluate.add_argument("--json", action="store_true", help="print the report as one JSON object")
     evaluate.set_defaults(func=cmd_eval)
 
@@ -246,14 +297,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     play = commands.add_parser("play", help="play episodes of an env with an expert or random policy")
     play.add_argument(
-        "--env", required=True, help="env name (alfworld, webshop, search_qa, textworld, frozenlake, sokoban)"
+        "--env",
+        default=None,
+        help="env name (alfworld, webshop, search_qa, textworld, frozenlake, sokoban, or a --plugin's NAME; "
+        "default: the one --plugin)",
     )
+    _plugin_arg(play)
     play.add_argument("--policy", choices=["expert", "random"], default="expert")
     play.add_argument("--episodes", type=int, default=10)
     play.add_argument("--seed", type=int, default=0)
     play.add_argument("--max-steps", type=int, default=None)
     play.add_argument(
-        "--param", action="append", default=[], metavar="KEY=VALUE", help="env parameter, e.g. difficulty=easy"
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="env parameter, e.g. difficulty=easy, or games_dir=DIR (textworld: your own compiled games)",
     )
     play.add_argument("--json", action="store_true", help="print one JSON object")
     play.set_defaults(func=cmd_play)

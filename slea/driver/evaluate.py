@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from actors.engines import GenerationEngine, SamplingSettings, make_engine
-from actors.envs.registry import make_env
+from actors.envs.registry import load_plugins, make_env
 from actors.envs.tasks import panel_tasks
 from actors.evaluation.panel import PanelResult, PanelSettings, default_budgets, default_ks, play_panel
 from actors.evaluation.report import report_dict, write_report
@@ -165,6 +165,7 @@ def evaluate(
 
     source = resolve_policy(model_or_checkpoint)
     config = eval_config(source, config_file, list(overrides))
+    load_plugins(config.envs.plugins)  # a bad plugin fails here, before the model loads
     model = config.model
     engine = make_engine(
         config.actors.engine,

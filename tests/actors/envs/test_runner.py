@@ -8,6 +8,7 @@ import random
 import pytest
 
 from actors.envs.base import EnvObservation
+from actors.envs.registry import PluginError
 from actors.envs.runner import EnvUnavailableError, bench_envs, play, random_action
 
 
@@ -39,13 +40,21 @@ def test_random_action_fills_free_text_slots_from_the_observation():
     assert set(random_action(free, random.Random(0)).split()) <= {"open", "the", "door"}
 
 
-def test_bench_envs_reports_throughput_and_skips_unimportable_envs():
+@pytest.fixture
+def adapter_with_a_missing_dependency(tmp_path) -> str:
+    """A plugin file whose spec is right but whose own import fails here (an optional dependency)."""
+    adapter = tmp_path / "ghost_env.py"
+    adapter.write_text("import no_such_module_anywhere\n")
+    return f"{adapter}:GhostEnv"
+
+
+def test_bench_envs_reports_throughput_and_skips_unimportable_envs(adapter_with_a_missing_dependency):
     report = bench_envs(
         ["webshop", "frozenlake", "ghost"],
         resets=5,
         steps=50,
         seed=0,
-        plugins={"ghost": "no_such_module_anywhere:GhostEnv"},
+        plugins={"ghost": adapter_with_a_missing_dependency},
     )
     json.dumps(report)
     for name in ("webshop", "frozenlake"):
@@ -53,8 +62,10 @@ def test_bench_envs_reports_throughput_and_skips_unimportable_envs():
     assert "not available" in report["envs"]["ghost"]["skipped"]
 
 
-def test_play_errors_say_what_to_do():
+def test_play_errors_say_what_to_do(adapter_with_a_missing_dependency):
     with pytest.raises(ValueError, match="choose one of expert, random"):
         play("webshop", policy="greedy")
-    with pytest.raises(EnvUnavailableError, match="no_such_module_anywhere"):
-        play("ghost", plugins={"ghost": "no_such_module_anywhere:GhostEnv"})
+    with pytest.raises(EnvUnavailableError, match="not available: No module named 'no_such_module_anywhere'"):
+        play("ghost", plugins={"ghost": adapter_with_a_missing_dependency})
+    with pytest.raises(PluginError, match="plugin ghost=no_such_module_anywhere:GhostEnv: no module named"):
+        play("ghost", plugins={"ghost": "no_such_module_anywhere:GhostEnv"})  # a wrong spec, not a missing dependency
