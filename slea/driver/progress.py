@@ -33,7 +33,8 @@ class RunConsole:
         return time.monotonic() - self.started
 
     def note(self, text: str) -> None:
-        self.console.print(f"[dim]{self.elapsed():6.1f}s[/] {text}", highlight=False)
+        # soft_wrap: a log line stays one line (off a terminal rich would wrap it at 80 columns)
+        self.console.print(f"[dim]{self.elapsed():6.1f}s[/] {text}", highlight=False, soft_wrap=True)
 
     @contextlib.contextmanager
     def phase(self, doing: str) -> Iterator[None]:

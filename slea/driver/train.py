@@ -209,9 +209,9 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
     evaluations = [entry for entry in read_metrics(run_dir) if "eval/success_rate" in entry]
     checkpoint = latest_checkpoint(run_dir / "learner" / "checkpoints")
     lines = summary_lines(evaluations, progress, summaries, stats, run_dir, checkpoint, console.elapsed())
-    console.console.print("[green]done[/]: " + lines[0], highlight=False)
+    console.console.print("[green]done[/]: " + lines[0], highlight=False, soft_wrap=True)
     for line in lines[1:]:
-        console.console.print("  " + line, highlight=False)
+        console.console.print("  " + line, highlight=False, soft_wrap=True)
     return 0
 
 

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 def plain_console() -> tuple[RunConsole, io.StringIO]:
     out = io.StringIO()
-    return RunConsole(Console(file=out, force_terminal=False, width=200)), out
+    return RunConsole(Console(file=out, force_terminal=False)), out
 
 
 def test_off_a_terminal_each_phase_is_a_line_when_it_starts_and_one_with_its_duration():
@@ -24,6 +24,8 @@ def test_off_a_terminal_each_phase_is_a_line_when_it_starts_and_one_with_its_dur
     assert len(lines) == 2
     assert lines[0].endswith("starting Ray ...") and "starting Ray: done in" in lines[1]
     assert lines[0].split()[0].endswith("s")  # seconds since the command started
+    console.note("a long line " * 20)
+    assert len(out.getvalue().splitlines()) == 3  # one line in a log, however long
 
 
 def pool_summary(steps: int, strategy_steps: int, warning_steps: int) -> dict:
