@@ -17,7 +17,7 @@ import secrets
 from pathlib import Path
 from typing import Protocol
 
-from slea.config import SleaConfig
+from slea.config import ConfigError, SleaConfig
 
 TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"  # wandb.init(dir=run_dir) writes its files here
@@ -75,16 +75,22 @@ class WandbSink:
         if not id_file.is_file():  # W&B ids allow letters, digits, '.', '_', '-': any other character becomes '-'
             id_file.write_text(f"{re.sub(r'[^A-Za-z0-9._-]', '-', name)[:48]}-{secrets.token_hex(4)}\n")
         self.run_id = id_file.read_text().strip()
-        self._run = wandb.init(
-            project=project,
-            entity=entity,
-            name=name,
-            id=self.run_id,
-            resume="allow",
-            dir=str(run_dir),
-            mode=mode,
-            config=config,
-        )
+        try:
+            self._run = wandb.init(
+                project=project,
+                entity=entity,
+                name=name,
+                id=self.run_id,
+                resume="allow",
+                dir=str(run_dir),
+                mode=mode,
+                config=config,
+            )
+        except wandb.errors.UsageError as exc:  # online without credentials, mostly
+            raise ConfigError(
+                f"monitoring.sinks lists wandb, and W&B refused to start the run: {exc} "
+                "(or set monitoring.wandb_mode: offline to log without an account, for `wandb sync` later)"
+            ) from None
         self._run.define_metric(WANDB_STEP)
         self._run.define_metric("*", step_metric=WANDB_STEP)
 

@@ -6,7 +6,7 @@ import pytest
 import wandb
 from wandb_offline import offline_run
 
-from slea.config import load_config
+from slea.config import ConfigError, load_config
 from slea.driver.run_outputs import RunRecorder, read_metrics
 from slea.driver.sinks import WANDB_DIR, WANDB_RUN_ID_FILE, TensorBoardSink, WandbSink, open_sinks
 
@@ -85,6 +85,14 @@ def test_run_ids_that_wandb_would_reject_are_made_safe(tmp_path):
     sink = WandbSink(tmp_path / "run", name="exp#3?ablation%", project="p", mode="offline")
     sink.close()
     assert sink.run_id.startswith("exp-3-ablation--") and offline_logs(tmp_path / "run")
+
+
+def test_online_without_credentials_is_a_config_error_that_offers_offline(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.netrc holding a key
+    with pytest.raises(ConfigError, match=r"W&B refused to start the run: No API key configured.*wandb_mode: offline"):
+        WandbSink(tmp_path / "run", name="run", project="p", mode="online")
 
 
 def test_the_configured_sinks_are_opened(tmp_path):
