@@ -8,6 +8,7 @@ typo in an RL config silently training with a default is the most expensive bug 
 from __future__ import annotations
 
 import difflib
+import importlib.util
 from pathlib import Path
 from typing import Any, Literal
 
@@ -384,8 +385,28 @@ class MonitoringConfig(_Section):
         "127.0.0.1",
         description="Address the prometheus-client port listens on; 0.0.0.0 lets another machine's Prometheus scrape it.",
     )
-    tensorboard: bool = Field(True, description="Write TensorBoard event files into the run directory.")
+    sinks: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
+        ["jsonl", "tensorboard"],
+        description="Where each learner step's metrics go: jsonl (metrics.jsonl; required, since plots, slea compare and --resume read it), tensorboard, wandb (pip install 'slea-rl[wandb]').",
+    )
+    wandb_project: str = Field("slea-rl", description="W&B project; the W&B run is named after run.id.")
+    wandb_entity: str | None = Field(None, description="W&B team or user (null = the logged-in user's default).")
+    wandb_mode: Literal["online", "offline"] | None = Field(
+        None,
+        description="W&B mode: offline writes <run dir>/wandb/ without network, for `wandb sync` later (null = $WANDB_MODE, else online).",
+    )
     plots: bool = Field(True, description="Write PNG plots into the run directory as the run goes.")
+
+    @field_validator("sinks")
+    @classmethod
+    def _jsonl_once(cls, sinks: list[str]) -> list[str]:
+        if "jsonl" not in sinks:
+            raise ValueError(
+                "must include jsonl: metrics.jsonl is the run's record, read by its plots, slea compare and --resume"
+            )
+        if len(set(sinks)) != len(sinks):
+            raise ValueError("names a sink twice")
+        return sinks
 
 
 class EvalConfig(_Section):
@@ -571,7 +592,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Sl
 def check_trainable(config: SleaConfig) -> None:
     """What `slea train` refuses that evaluation allows: the learner's importance ratios compare its
     log-probs of `logits / T` over the whole vocabulary with the behaviour log-probs the actors
-    recorded, so the actors must sample exactly that distribution."""
+    recorded, so the actors must sample exactly that distribution. And the run's outputs: a
+    metrics sink whose package is missing fails here, before Redis and Ray start, not at step 1."""
     if config.model.temperature <= 0:
         raise ConfigError(
             f"model.temperature={config.model.temperature} is greedy decoding: training needs a sampled "
@@ -582,6 +604,11 @@ def check_trainable(config: SleaConfig) -> None:
             f"model.top_p={config.model.top_p}: the learner scores the untruncated distribution at "
             "model.temperature, so nucleus-truncated samples would get wrong importance weights; "
             "train with top_p 1.0"
+        )
+    if "wandb" in config.monitoring.sinks and importlib.util.find_spec("wandb") is None:  # an optional extra
+        raise ConfigError(
+            "monitoring.sinks lists wandb, but the wandb package is not installed: "
+            "pip install 'slea-rl[wandb]' (or remove wandb from monitoring.sinks)"
         )
 
 

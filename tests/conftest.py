@@ -1,4 +1,12 @@
-"""Shared fixtures: a real redis-server per test module, flushed between tests."""
+"""Shared fixtures: a real redis-server per test module, flushed between tests; the two tiers.
+
+`pytest -m "not slow"` is the unit tier (the inner loop); plain `pytest` runs everything. A test
+is slow when it starts Ray, Ray Serve or DeepSpeed, loads a model (SmolLM2, the tiny test model,
+the MiniLM embedder) or runs a command that does. A test that uses one of HEAVY_FIXTURES (itself
+or through another fixture) is marked here; a test that does the heavy thing itself carries the
+mark (`pytestmark = pytest.mark.slow` for a whole module, else `@pytest.mark.slow`); one that starts
+Ray without it fails, so the unit tier stays fast as tests are added.
+"""
 
 from __future__ import annotations
 
@@ -52,6 +60,39 @@ def policy_tokenizer(tiny_model_dir):
     from slea.models import load_tokenizer
 
     return load_tokenizer(str(tiny_model_dir))
+
+
+# tiny_model_dir/policy_tokenizer: the tiny model; ray_cluster (tests/actors), local_ray (tests/learner):
+# a local Ray; embedder (tests/library): MiniLM.
+HEAVY_FIXTURES = frozenset({"tiny_model_dir", "policy_tokenizer", "ray_cluster", "local_ray", "embedder"})
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if HEAVY_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+_RAY_BEFORE = pytest.StashKey[bool]()  # whether Ray was up before the test's setup (a module fixture's)
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")  # never imported here: a unit test that does not use Ray pays nothing
+    return ray is not None and ray.is_initialized()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_RAY_BEFORE] = _ray_running()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """The unit tier's guard: a test not marked slow that starts Ray (in its fixtures or its body) fails."""
+    result = yield
+    if _ray_running() and not item.stash[_RAY_BEFORE] and item.get_closest_marker("slow") is None:
+        raise pytest.fail.Exception(f"{item.nodeid} starts Ray: mark it slow (see tests/conftest.py)", pytrace=False)
+    return result
 
 
 _exit_status: int | None = None

@@ -33,6 +33,8 @@ from library.service import start_serve_app  # noqa: E402
 from library.state import Library  # noqa: E402
 from library.sync import Publisher  # noqa: E402
 
+pytestmark = pytest.mark.slow  # Ray, Serve, MiniLM and the tiny model
+
 LESSON = "Walk around the holes, never through them."
 BUDGET = 3
 

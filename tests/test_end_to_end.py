@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from wandb_offline import offline_run
 
 from slea.driver.run_outputs import read_metrics
 
@@ -17,7 +18,9 @@ def train(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     return result
 
 
-def test_train_writes_a_complete_run_and_resume_continues_the_version_line(tmp_path, tiny_model_dir):
+def test_train_writes_a_complete_run_and_resume_continues_the_version_line(tmp_path, tiny_model_dir, monkeypatch):
+    for variable in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):  # wandb's home files: the test's own
+        monkeypatch.setenv(variable, str(tmp_path / "wandb-home" / variable.lower()))
     train(
         "configs/local.yaml",
         "--set",
@@ -48,6 +51,10 @@ def test_train_writes_a_complete_run_and_resume_continues_the_version_line(tmp_p
         "eval.panel_size=2",
         "--set",
         "eval.samples_per_task=1",
+        "--set",
+        "monitoring.sinks=[jsonl, tensorboard, wandb]",
+        "--set",
+        "monitoring.wandb_mode=offline",  # no network: the W&B run stays in runs/e2e/wandb/ for `wandb sync`
     )
     run_dir = tmp_path / "e2e"
     for part in (
@@ -77,11 +84,26 @@ def test_train_writes_a_complete_run_and_resume_continues_the_version_line(tmp_p
     )
     assert len(list((run_dir / "eval").glob("step-*/report.json"))) == len(evaluated)
 
+    [first_log] = offline_logs(run_dir)
+    assert wandb_versions(first_log) == [1, 2, 3]
+
     train("--resume", str(run_dir), "--set", "learner.max_steps=5")
     steps = [line for line in read_metrics(run_dir) if "learner/policy_version" in line]
     assert [line["learner/policy_version"] for line in steps] == [1, 2, 3, 4, 5]  # no gap, no repeat
     latest = (run_dir / "learner/checkpoints/latest").read_text().strip()
     assert latest.endswith("5")
+    first, resumed = offline_logs(run_dir)  # the resumed start continues the same W&B run
+    assert offline_run(first)[0].run_id == offline_run(resumed)[0].run_id
+    assert wandb_versions(resumed) == [4, 5]
+
+
+def offline_logs(run_dir):
+    return sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"), key=lambda path: path.parent.name)
+
+
+def wandb_versions(log) -> list[int]:
+    """The policy versions of the learner steps a W&B run log holds."""
+    return [row["learner/policy_version"] for row in offline_run(log)[2] if "learner/policy_version" in row]
 
 
 def test_a_second_run_with_the_same_id_is_refused(tmp_path):

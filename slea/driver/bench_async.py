@@ -182,7 +182,7 @@ def _settings(model: str, run_dir: str, shape: BenchShape) -> list[str]:
         "actors.group_size=4",
         f"learner.tasks_per_step={shape.tasks_per_step}",
         "learner.checkpoint_every=1000",
-        "monitoring.tensorboard=false",
+        "monitoring.sinks=[jsonl]",
         "monitoring.plots=false",
         "eval.every=0",
     ]

@@ -240,7 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="slea", description="SLEA-RL: step-level experience-augmented RL for LLM agents."
     )
     parser.add_argument("--version", action="version", version=f"slea {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", help="what to do (slea COMMAND --help)"
+    )
 
     train = commands.add_parser("train", help="run training from a config (actors, learner, library)")
     _config_args(train)
@@ -249,7 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=cmd_train)
 
     config = commands.add_parser("config", help="inspect run configs")
-    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    config_commands = config.add_subparsers(
+        dest="config_command", required=True, metavar="ACTION", help="what to do with the config"
+    )
     config_show = config_commands.add_parser("show", help="print the fully resolved config (presets applied) as YAML")
     _config_args(config_show, required=True)
     config_show.set_defaults(func=cmd_config_show)
@@ -303,10 +307,17 @@ def build_parser() -> argparse.ArgumentParser:
         "default: the one --plugin)",
     )
     _plugin_arg(play)
-    play.add_argument("--policy", choices=["expert", "random"], default="expert")
-    play.add_argument("--episodes", type=int, default=10)
-    play.add_argument("--seed", type=int, default=0)
-    play.add_argument("--max-steps", type=int, default=None)
+    play.add_argument(
+        "--policy",
+        choices=["expert", "random"],
+        default="expert",
+        help="expert: the env's scripted solution; random: a random admissible action (default expert)",
+    )
+    play.add_argument("--episodes", type=int, default=10, metavar="N", help="episodes to play (default 10)")
+    play.add_argument("--seed", type=int, default=0, help="seed of task sampling and the random policy (default 0)")
+    play.add_argument(
+        "--max-steps", type=int, default=None, metavar="N", help="step budget per episode (default: the env's own)"
+    )
     play.add_argument(
         "--param",
         action="append",
@@ -323,14 +334,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve_library)
 
     library = commands.add_parser("library", help="inspect an experience library")
-    library_commands = library.add_subparsers(dest="library_command", required=True, metavar="ACTION")
+    library_commands = library.add_subparsers(
+        dest="library_command", required=True, metavar="ACTION", help="what to do with the library"
+    )
     show = library_commands.add_parser("show", help="zones, levels, top items, clusters and version of a run's library")
     show.add_argument("run_dir", metavar="RUN", help="run directory")
     show.add_argument("--top", type=int, default=3, help="items shown per level")
     show.set_defaults(func=cmd_library_show)
 
     bench = commands.add_parser("bench", help="benchmarks that print ratios against an in-run baseline")
-    bench.add_argument("target", choices=["stream", "envs", "learner", "retrieval", "actors", "async"])
+    bench.add_argument(
+        "target",
+        choices=["stream", "envs", "learner", "retrieval", "actors", "async"],
+        help="what to measure (BENCHMARKS.md: each target's figures and how to read them)",
+    )
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--records", type=int, default=20_000, help="stream: records to push through")
     bench.add_argument("--producers", type=int, default=4, help="stream: producer processes")
@@ -353,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=cmd_bench)
 
     doctor = commands.add_parser("doctor", help="check this machine: Python, torch, Redis, Ray, GPU/vLLM, models")
-    doctor.add_argument("--json", action="store_true")
+    doctor.add_argument("--json", action="store_true", help="print one JSON object")
     doctor.set_defaults(func=cmd_doctor)
     return parser
 

@@ -1,11 +1,12 @@
-"""What a training run leaves to read: metrics.jsonl, TensorBoard event files, PNG plots.
+"""What a training run leaves to read: metrics.jsonl, the configured sinks' files, PNG plots.
 
 `slea train` hands the RunRecorder one flat dict of metrics per learner step. Each becomes a
 JSON line (the durable record: plots and learning curves are rebuilt from it alone, and a
-resumed run appends to it), TensorBoard scalars (for live inspection), and every `plot_every`
-steps the PNGs are redrawn from the whole file, so a run killed at any point leaves plots.
+resumed run appends to it), goes to the sinks of `monitoring.sinks` (TensorBoard, W&B: for live
+inspection, slea/driver/sinks.py), and every `plot_every` steps the PNGs are redrawn from the
+whole file, so a run killed at any point leaves plots.
 
-Metric keys the plots read (any other key is recorded and sent to TensorBoard, not plotted):
+Metric keys the plots read (any other key is recorded and sent to the sinks, not plotted):
 
     actors/success_rate              success of episodes finished since the last learner step
     actors/success_rate/<task_type>  the same per task type
@@ -20,12 +21,14 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from slea.driver.sinks import MetricSink
+
 METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
 PLOTS_DIR = "plots"
 
 # (file name, metric key prefix, title, y label, y limited to [0, 1])
@@ -123,8 +126,11 @@ def render_plots(run_dir: str | Path) -> list[Path]:
 class RunRecorder:
     """Per-learner-step outputs of one run directory (append-only, so --resume just continues)."""
 
-    def __init__(self, run_dir: str | Path, *, tensorboard: bool = True, plots: bool = True, plot_every: int = 5):
+    def __init__(
+        self, run_dir: str | Path, *, sinks: Sequence[MetricSink] = (), plots: bool = True, plot_every: int = 5
+    ):
         self.run_dir = Path(run_dir)
+        self.sinks = list(sinks)
         self.plots = plots
         self.plot_every = plot_every
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -133,30 +139,23 @@ class RunRecorder:
         self._file = open(path, "a")
         if torn:  # a crash mid-line: end it, so the resumed run's first line is not glued onto it
             self._file.write("\n")
-        self._writer = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._writer = SummaryWriter(log_dir=str(self.run_dir / TENSORBOARD_DIR))
 
     def record(self, step: int, metrics: dict[str, float | int | str]) -> None:
         """One learner step's metrics (flat: 'actors/success_rate/pick' -> 0.25)."""
         now = time.time()
         self._file.write(json.dumps({"step": step, "time": now, **metrics}) + "\n")
         self._file.flush()  # a killed run keeps every step it finished
-        if self._writer is not None:
-            for key, value in metrics.items():
-                if _is_number(value):
-                    self._writer.add_scalar(key, value, global_step=step, walltime=now)
-            self._writer.flush()
+        numeric = {key: value for key, value in metrics.items() if _is_number(value)}
+        for sink in self.sinks:
+            sink.record(step, numeric, now)
         if self.plots and step % self.plot_every == 0:
             render_plots(self.run_dir)
 
     def close(self) -> None:
         """Flush everything and draw the final plots."""
         self._file.close()
-        if self._writer is not None:
-            self._writer.close()
+        for sink in self.sinks:
+            sink.close()
         if self.plots:
             render_plots(self.run_dir)
 

@@ -264,8 +264,9 @@ def _show_eval_progress(evals, progress: Progress, console: RunConsole, always_l
 
 def _recorder(config: SleaConfig, run_dir):
     from slea.driver.run_outputs import RunRecorder
+    from slea.driver.sinks import open_sinks
 
-    return RunRecorder(run_dir, tensorboard=config.monitoring.tensorboard, plots=config.monitoring.plots)
+    return RunRecorder(run_dir, sinks=open_sinks(config, run_dir), plots=config.monitoring.plots)
 
 
 def _shutdown(pool, learner, learner_runs, library, library_run, recorder) -> None:

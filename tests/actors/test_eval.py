@@ -70,6 +70,7 @@ def engine():
     engine.close()
 
 
+@pytest.mark.slow
 def test_tiny_model_plays_a_frozenlake_panel_into_a_consistent_report(engine, tmp_path):
     env = make_env("frozenlake", max_steps=3)
     tasks = panel_tasks(env, "default", size=3)

@@ -1,6 +1,7 @@
 """Token-budget micro-batches and left-padded collation."""
 
 import numpy as np
+import pytest
 import torch
 
 from learner.batch import TrainSample, collate, plan_micro_batches, ppo_schedule, response_logits
@@ -16,6 +17,7 @@ def test_plan_respects_the_budget_and_keeps_every_sample_once():
     assert all(len(batch) * max(lengths[i] for i in batch) <= 40 or len(batch) == 1 for batch in plan)
 
 
+@pytest.mark.slow
 def test_left_padded_logprobs_match_each_sequence_alone():
     model, _ = tiny_model()
     rng = np.random.default_rng(0)

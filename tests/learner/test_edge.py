@@ -181,6 +181,7 @@ def test_descending_the_loss_moves_the_students_logprob_toward_the_teachers():
 # -- in the trainer (real DeepSpeed on CPU, tiny model) ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_trainer_reports_the_sampled_reverse_kl_of_the_distilled_rows():
     from learner.batch import TrainSample
     from learner.engine import PolicyTrainer

@@ -33,6 +33,7 @@ def test_deepspeed_config_is_a_plain_dict_from_the_learner_config():
     assert config["bf16"] == {"enabled": False} and config["train_batch_size"] == 1
 
 
+@pytest.mark.slow
 def test_micro_batching_gives_the_same_update_as_one_batch():
     updated = []
     for budget in (4096, 32):  # one micro-batch vs three (lengths 8+9 | 13 | 25), accumulated
@@ -53,6 +54,7 @@ def test_micro_batching_gives_the_same_update_as_one_batch():
         torch.testing.assert_close(parts_state[name], tensor, atol=5e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_mini_batches_clip_against_the_weights_before_the_batch():
     """Four mini-batches, two epochs: eight optimizer steps whose ratios are taken against the
     weights before the first one, exactly as a plain PyTorch PPO loop does (learner/bench.py
@@ -73,6 +75,7 @@ def test_mini_batches_clip_against_the_weights_before_the_batch():
         torch.testing.assert_close(ours[name], tensor, atol=5e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_one_mini_batch_never_clips():
     """The control: a single optimizer step per batch starts at the proximal weights, ratio 1."""
     model, tokenizer = tiny_model()
@@ -80,6 +83,7 @@ def test_one_mini_batch_never_clips():
     assert stats.optimizer_steps == 1 and stats.clip_fraction == 0.0 and stats.approx_kl == pytest.approx(0.0, abs=1e-7)
 
 
+@pytest.mark.slow
 def test_zero3_trains_and_gathers_full_weights():
     model, tokenizer = tiny_model()
     shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
@@ -92,6 +96,7 @@ def test_zero3_trains_and_gathers_full_weights():
     assert any(not torch.equal(before[name], after[name]) for name in before)
 
 
+@pytest.mark.slow
 def test_log_probs_are_those_of_the_sampling_temperature():
     """Actors sampling at temperature T record log-probs of softmax(logits / T); the trainer must
     score the same distribution, or every ratio (and the behaviour weight) would be off."""

@@ -1,11 +1,14 @@
 """`slea bench retrieval` end to end with tiny sizes: all three paths answer and the figures add up."""
 
+import pytest
 from helpers import serve_http_port
 from library_helpers import library_config
 
 from library.bench import bench_retrieval, build_library
 from library.retrieval import retrieve
 from slea.config import SleaConfig
+
+pytestmark = pytest.mark.slow  # MiniLM, Ray and Serve
 
 
 def test_benchmark_library_puts_two_of_each_zone_in_every_cluster(embedder):

@@ -9,12 +9,15 @@ import sys
 import time
 import urllib.request
 
+import pytest
 from helpers import serve_http_port
 from library_helpers import steps_of
 
 from library.persistence import latest_snapshot, parse_snapshot
 from slea.config import SleaConfig
 from slea.streams import StreamProducer
+
+pytestmark = pytest.mark.slow  # `slea serve-library` starts Ray and Serve
 
 KITCHEN = ["You are in the kitchen. You see a fridge 1 and a countertop 1.", "On the countertop 1, you see an apple 1."]
 

@@ -110,6 +110,15 @@ def test_training_refuses_what_the_learner_cannot_score(overrides, expected):
     check_trainable(load_config(None, ["model.temperature=0.7"]))
 
 
+def test_training_with_the_wandb_sink_but_no_wandb_says_how_to_install_it(monkeypatch):
+    config = load_config(None, ["monitoring.sinks=[jsonl, wandb]"])
+    check_trainable(config)  # installed here (the dev extra has it)
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what Python does for a package that is not there
+    with pytest.raises(ConfigError, match=r"monitoring\.sinks lists wandb.*pip install 'slea-rl\[wandb\]'"):
+        check_trainable(config)
+    check_trainable(load_config(None, []))  # the default sinks need no extra
+
+
 def test_cli_preset_conflict_exits_2_naming_both_keys():
     result = subprocess.run(
         [
@@ -177,6 +186,10 @@ def test_overrides_are_typed_yaml():
         (["nonsense"], "must look like key.path=value"),
         (["learner.lr.x=1"], "bad value for 'learner.lr'"),
         (["learner.lr=1", "learner.lr.x=1"], "'learner.lr' is not a section"),
+        (["monitoring.sinks=[tensorboard]"], "bad value for 'monitoring.sinks': Value error, must include jsonl"),
+        (["monitoring.sinks=[jsonl, jsonl]"], "bad value for 'monitoring.sinks': Value error, names a sink twice"),
+        (["monitoring.sinks=[jsonl, mlflow]"], "bad value for 'monitoring.sinks.1'"),
+        (["monitoring.tensorboard=false"], "unknown key 'monitoring.tensorboard'"),  # now monitoring.sinks
     ],
 )
 def test_bad_values_name_the_key(overrides, expected):

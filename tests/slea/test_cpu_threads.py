@@ -8,6 +8,8 @@ import torch
 
 from slea.cpu_threads import use_assigned_cpus
 
+pytestmark = pytest.mark.slow  # a local Ray
+
 
 @ray.remote
 class ThreadProbe:

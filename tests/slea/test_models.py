@@ -7,6 +7,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 from slea.models import SHIPPED, load_model, resolve_checkpoint, shipped_gguf, strip_gguf_quantizer, tiny_model
 
 
+@pytest.mark.slow
 def test_shipped_model_loads_as_a_plain_checkpoint():
     model, tokenizer = load_model(SHIPPED)
     assert isinstance(model, LlamaForCausalLM) and model.config.num_hidden_layers == 30
@@ -18,6 +19,7 @@ def test_shipped_model_loads_as_a_plain_checkpoint():
     assert resolve_checkpoint(SHIPPED) == resolve_checkpoint(str(shipped_gguf()))
 
 
+@pytest.mark.slow
 def test_a_saved_checkpoint_directory_loads(tmp_path):
     model, tokenizer = tiny_model()
     model.save_pretrained(tmp_path)
@@ -27,6 +29,7 @@ def test_a_saved_checkpoint_directory_loads(tmp_path):
         torch.testing.assert_close(loaded.state_dict()[name], tensor)
 
 
+@pytest.mark.slow
 def test_gguf_loaded_by_transformers_saves_after_stripping_the_quantizer(tmp_path):
     gguf = shipped_gguf()
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -36,6 +39,7 @@ def test_gguf_loaded_by_transformers_saves_after_stripping_the_quantizer(tmp_pat
     assert "quantization_config" not in (tmp_path / "config.json").read_text()
 
 
+@pytest.mark.slow
 def test_tiny_model_shares_the_tokenizer_and_family():
     model, tokenizer = tiny_model()
     assert isinstance(model, LlamaForCausalLM)

@@ -11,6 +11,8 @@ from actors.engines.base import SamplingSettings
 from actors.engines.transformers_engine import TransformersEngine
 from slea.models import tiny_model
 
+pytestmark = pytest.mark.slow  # the tiny model in the engine
+
 
 @pytest.fixture(scope="module")
 def tiny():

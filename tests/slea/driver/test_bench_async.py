@@ -144,6 +144,7 @@ def test_bench_async_refuses_fewer_than_two_measured_steps():
     )
 
 
+@pytest.mark.slow  # slea train starts Ray and the tiny model before the deadline stops it
 def test_a_run_past_the_deadline_is_stopped_with_a_clear_error():
     result = subprocess.run(
         [*SLEA, "bench", "async", "--json", "--model", "tiny", "--timeout", "5"],

@@ -1,11 +1,14 @@
 """Subprocess smoke tests of the `slea` entry point with tiny settings."""
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from slea.driver.cli import build_parser
 
 SLEA = [sys.executable, "-m", "slea.driver.cli"]
 LOCAL = str(Path(__file__).resolve().parents[3] / "configs" / "local.yaml")
@@ -94,3 +97,27 @@ def test_train_without_redis_server_on_path_says_how_to_fix_it(tmp_path):
         "slea: redis-server is not on PATH: install it (Debian/Ubuntu: sudo apt-get install redis-server) "
         "or set redis.url to a running server"
     )
+
+
+def _parsers(parser: argparse.ArgumentParser, path: str = "slea"):
+    """(command path, parser) of `slea` and every subcommand under it, however deep."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, subparser in action.choices.items():
+                yield from _parsers(subparser, f"{path} {name}")
+
+
+def test_every_flag_and_argument_of_every_command_has_help_text():
+    """Walks the parser as built at test time, so commands and flags added later are covered."""
+    undocumented = []
+    for path, parser in _parsers(build_parser()):
+        for action in parser._actions:
+            if not action.help or action.help == argparse.SUPPRESS:
+                undocumented.append(f"{path}: {'/'.join(action.option_strings) or action.dest}")
+            if isinstance(action, argparse._SubParsersAction):
+                documented = {id(action.choices[choice.dest]) for choice in action._choices_actions if choice.help}
+                undocumented += [  # an alias names the same parser as its command
+                    f"{path} {name} (the command)" for name, sub in action.choices.items() if id(sub) not in documented
+                ]
+    assert not undocumented, "without help text: " + ", ".join(undocumented)

@@ -22,6 +22,7 @@ from slea.driver.evaluate import evaluate_engine  # noqa: E402
 from slea.models import tiny_model  # noqa: E402
 
 
+@pytest.mark.slow
 def test_with_library_rows_retrieve_from_the_runs_snapshot(tmp_path):
     config = load_config(
         None,

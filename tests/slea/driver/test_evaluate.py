@@ -62,6 +62,7 @@ def test_a_run_without_checkpoints_says_so(tmp_path):
         resolve_policy(str(run))
 
 
+@pytest.mark.slow
 def test_slea_eval_on_a_run_directory_writes_the_report(tmp_path):
     run = fake_run(tmp_path, save_weights=True)
     out = tmp_path / "report"
@@ -90,6 +91,7 @@ def test_slea_eval_on_a_run_directory_writes_the_report(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_slea_eval_refuses_k_above_the_episodes_per_task(tmp_path):
     run = fake_run(tmp_path, save_weights=True)
     result = subprocess.run(

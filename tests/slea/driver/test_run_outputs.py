@@ -1,4 +1,4 @@
-"""A run's outputs: JSON lines per learner step, TensorBoard events, PNG plots, learning curves."""
+"""A run's outputs: JSON lines per learner step, the TensorBoard sink's events, PNG plots, learning curves."""
 
 import json
 
@@ -7,6 +7,7 @@ from matplotlib.image import imread
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from slea.driver.run_outputs import RunRecorder, compare_runs, read_metrics, series
+from slea.driver.sinks import TensorBoardSink
 
 
 def step_metrics(step: int) -> dict:
@@ -30,7 +31,7 @@ def assert_png(path):
 
 
 def test_recorder_writes_lines_tensorboard_and_plots(tmp_path):
-    with RunRecorder(tmp_path, plot_every=2) as recorder:
+    with RunRecorder(tmp_path, sinks=[TensorBoardSink(tmp_path)], plot_every=2) as recorder:
         for step in range(1, 5):
             recorder.record(step, step_metrics(step))
         lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -51,12 +52,12 @@ def test_recorder_writes_lines_tensorboard_and_plots(tmp_path):
 
 
 def test_a_resumed_run_appends_and_later_lines_win(tmp_path):
-    with RunRecorder(tmp_path, tensorboard=False, plots=False) as recorder:
+    with RunRecorder(tmp_path, plots=False) as recorder:
         for step in (1, 2, 3):
             recorder.record(step, {"eval/success_rate": 0.1 * step})
     with open(tmp_path / "metrics.jsonl", "a") as handle:
         handle.write('{"step": 4, "eval/succ')  # torn by a crash mid-write
-    with RunRecorder(tmp_path, tensorboard=False, plots=False) as recorder:  # resumed from the step-2 checkpoint
+    with RunRecorder(tmp_path, plots=False) as recorder:  # resumed from the step-2 checkpoint
         recorder.record(3, {"eval/success_rate": 0.5})
         recorder.record(4, {"eval/success_rate": 0.6})
     assert series(read_metrics(tmp_path), "eval/success_rate") == {
@@ -67,21 +68,21 @@ def test_a_resumed_run_appends_and_later_lines_win(tmp_path):
 
 def test_learning_curves_compare_runs_on_held_out_success(tmp_path):
     for label, rate in (("slea", 0.2), ("grpo", 0.1)):
-        with RunRecorder(tmp_path / label, tensorboard=False, plots=False) as recorder:
+        with RunRecorder(tmp_path / label, plots=False) as recorder:
             for step in range(0, 30, 10):
                 recorder.record(step, {"eval/success_rate": rate * step / 10, "learner/loss": 1.0})
                 recorder.record(step + 1, {"learner/loss": 0.9})  # steps without an evaluation
     table, out = compare_runs([tmp_path / "slea", tmp_path / "grpo"], tmp_path / "curves.png")
     assert_png(out)
     assert table.splitlines()[2:] == ["| 0 | 0.000 | 0.000 |", "| 10 | 0.200 | 0.100 |", "| 20 | 0.400 | 0.200 |"]
-    with RunRecorder(tmp_path / "empty", tensorboard=False, plots=False) as recorder:
+    with RunRecorder(tmp_path / "empty", plots=False) as recorder:
         recorder.record(1, {"learner/loss": 1.0})
     with pytest.raises(ValueError, match="no 'eval/success_rate'"):
         compare_runs([tmp_path / "empty"], tmp_path / "none.png")
 
 
 def test_an_evaluation_line_merges_into_its_learner_step(tmp_path):
-    with RunRecorder(tmp_path, tensorboard=False, plots=False) as recorder:
+    with RunRecorder(tmp_path, plots=False) as recorder:
         recorder.record(5, {"learner/loss": 0.3, "actors/success_rate": 0.25})
         recorder.record(5, {"eval/success_rate": 0.5})  # the held-out evaluation of step 5 arrives later
     assert [(entry["step"], entry["learner/loss"], entry["eval/success_rate"]) for entry in read_metrics(tmp_path)] == [
@@ -93,7 +94,7 @@ def test_compare_tabulates_each_run_by_learner_step_and_plots_them(tmp_path):
     for run_id, preset, rates in (("a", "slea", {0: 0.1, 5: 0.3}), ("b", "grpo", {0: 0.1, 4: 0.2})):
         (tmp_path / run_id).mkdir()
         (tmp_path / run_id / "config.yaml").write_text(f"run:\n  id: {run_id}\n  preset: {preset}\n")
-        with RunRecorder(tmp_path / run_id, tensorboard=False, plots=False) as recorder:
+        with RunRecorder(tmp_path / run_id, plots=False) as recorder:
             for step, rate in rates.items():
                 recorder.record(step, {"eval/success_rate": rate})
     table, png = compare_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "curves.png")
@@ -116,7 +117,7 @@ def test_compare_by_preset_averages_the_seeds_of_each_arm(tmp_path):
     for run_id, preset, rates in runs:
         (tmp_path / run_id).mkdir()
         (tmp_path / run_id / "config.yaml").write_text(f"run:\n  id: {run_id}\n  preset: {preset}\n")
-        with RunRecorder(tmp_path / run_id, tensorboard=False, plots=False) as recorder:
+        with RunRecorder(tmp_path / run_id, plots=False) as recorder:
             for step, rate in rates.items():
                 recorder.record(step, {"eval/success_rate": rate})
     table, png = compare_runs([tmp_path / run_id for run_id, _, _ in runs], tmp_path / "arms.png", by_preset=True)
