@@ -153,6 +153,7 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
     from actors.pool import ActorPool
     from learner.process import start_learner
     from monitoring.ray_metrics import use_ray_metrics
+    from slea.driver.pool_control import PoolSizer
 
     client = connect(config.redis)
     stream = config.stream_key()
@@ -174,9 +175,10 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
         serve_metrics(config.monitoring.metrics_port, config.monitoring.metrics_host)
     recorder = _recorder(config, run_dir)
     progress = Progress(config)
-    library = learner = pool = None
+    library = learner = pool = sizer = None
     library_run, learner_runs = None, []
     try:
+        sizer = PoolSizer(config, run_dir, console.print)  # first: a second driver of this run id stops here
         if config.library.enabled:
             library, library_run = _start_library(config, run_dir)
         ranks = start_learner(
@@ -191,7 +193,7 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
         if evals is not None and not resumed and config.eval.before_training:
             evals.on_learner_step(0, final=True)  # the policy before any update: the curve's first point
         pool = ActorPool(config, config.redis.url)
-        pool.scale(config.actors.num_workers)
+        sizer.start(pool)  # actors.num_workers; `slea scale` and actors.autoscale resize it from here
         with Live(console=console, refresh_per_second=1, transient=False) as live:
             while True:
                 done, _ = ray.wait(learner_runs, timeout=POLL_S)  # any rank returning ends the learner
@@ -200,7 +202,9 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
                 trim_acknowledged(client, stream, list(STREAM_GROUPS) if config.library.enabled else ["learner"])
                 stats = ray.get(library.stats.remote()) if library is not None else None
                 summaries = pool.summaries()
-                for metrics in ray.get(learner.drain_metrics.remote()):
+                learner_steps = ray.get(learner.drain_metrics.remote())
+                sizer.update(summaries, learner_steps)
+                for metrics in learner_steps:
                     progress.add_step(metrics)
                     line = run_metrics(metrics, lags, stats, summaries)
                     recorder.record(metrics["learner_step"], line)
@@ -233,6 +237,8 @@ def _run(config: SleaConfig, run_dir, console: Console, resumed: bool = False) -
         )
         return 130
     finally:
+        if sizer is not None:
+            sizer.close()
         _shutdown(pool, learner, learner_runs, library, library_run, recorder)
         ray.shutdown()
         client.close()
