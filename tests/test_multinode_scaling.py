@@ -68,18 +68,25 @@ def actor_nodes() -> dict[str, bool]:
 
 
 def actor_node_launches(since: float) -> list[float]:
-    """When the autoscaler launched actor nodes (epoch seconds, from its monitor.log), from `since` on."""
+    """When the autoscaler began to launch actor nodes (epoch seconds), from `since` on, read from its
+    monitor.log: a launcher logs "Got N nodes to launch" as it starts the node's processes and, once
+    they run, "Launching N nodes, type T" (the first line does not name the type)."""
     log = Path("/tmp/ray/session_latest/logs/monitor.log")  # the default temp dir AutoscalingCluster uses
     if not log.exists():
         return []
+    began: dict[str, float] = {}  # launcher -> its latest "Got" line
     launches = []
     for line in log.read_text(errors="replace").splitlines():
         found = re.match(
-            r"(\S+ \S+),(\d+)\s+INFO node_launcher\.py:\d+ -- \S+ Launching \d+ nodes, type ray\.actor\.", line
+            r"(\S+ \S+),(\d+)\s+INFO node_launcher\.py:\d+ -- (\S+): (Got|Launching) .*?(ray\.\w+)?\.$", line
         )
-        if found:
-            at = datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S").timestamp() + int(found[2]) / 1000
-            launches.append(at)
+        if found is None:
+            continue
+        at = datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S").timestamp() + int(found[2]) / 1000
+        if found[4] == "Got":
+            began[found[3]] = at
+        elif found[5] == "ray.actor" and found[3] in began:
+            launches.append(began[found[3]])
     return [at for at in launches if at >= since]
 
 
@@ -216,7 +223,7 @@ def test_slea_scale_grows_and_shrinks_the_pool_across_autoscaled_nodes(cluster, 
         launched = actor_node_launches(since=asked_at)
         launch = f"{launched[0] - asked_at:.1f} s" if launched else "(no monitor.log)"
         print(
-            f"\n1 -> 3: the autoscaler launched the first new actor node {launch} after slea scale started; new "
+            f"\n1 -> 3: the autoscaler began to launch the first new actor node {launch} after slea scale started; new "
             f"nodes registered after {registered[0] - asked_at:.1f} s and {registered[1] - asked_at:.1f} s; the first "
             f"group of a new worker streamed after {first_s - asked_at:.1f} s: {first_s - launched[0] if launched else float('nan'):.1f} s "
             f"from the node's launch, {first_s - registered[0]:.1f} s from its registration"

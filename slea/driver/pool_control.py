@@ -25,7 +25,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from monitoring.metrics import metric
 from slea.channels import RAY_NAMESPACE, run_control_name
 from slea.config import SleaConfig
-from slea.driver.autoscale import Decision, PoolSignals, decide, throttled_fraction
+from slea.driver.autoscale import PoolSignals, decide, throttled_fraction
 
 DRIVER_FILE = "driver.json"  # in the run directory while its driver runs: run id, Ray address, pid, host
 
@@ -98,7 +98,7 @@ class PoolSizer:
             )
             + "\n"
         )
-        self.applied = initial  # the size last passed to pool.scale
+        self.applied = 0  # the size last passed to pool.scale
 
     def start(self, pool) -> None:
         """Start the pool at its first size: actors.num_workers (within actors.autoscale's bounds), or
@@ -133,7 +133,7 @@ class PoolSizer:
     def _autoscale(self, summaries: list[dict]) -> None:
         seconds = time.monotonic() - self._window_started
         throttled_after = {summary["worker"]: summary["throttled_s"] for summary in summaries}
-        decision: Decision = decide(
+        decision = decide(
             PoolSignals(
                 desired=self.applied,
                 alive=self.pool.alive,
