@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import ray
 
 from slea.config import SleaConfig
+from slea.redis_conn import connect
+from slea.streams import StreamProducer
 
 log = logging.getLogger(__name__)
+ASK_TIMEOUT_S = 0.5  # longest a call waits for workers' answers; the rest are picked up by the next call
+RETIRE_TIMEOUT_S = 120.0  # a removed worker that has not stopped after this long is killed
 
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
@@ -100,7 +105,14 @@ class ActorWorkerProcess:
 
 
 class ActorPool:
-    """Driver-side handle on the workers: start, scale, supervise, stop."""
+    """Driver-side handle on the workers: start, scale, supervise, stop.
+
+    Nothing here waits on a worker that is not ready: on a cluster a new worker waits for the
+    autoscaler to add a node, and the driver's display loop must go on meanwhile. A question to a
+    worker (start your loop, your summary) stays outstanding until it is answered, and a later
+    call picks the answer up; a removed worker stops in the background (`reap()`). A worker that
+    has to be killed instead (never started, or not stopping) gets its episodes in flight marked
+    abandoned by the pool, as a restarted worker's successor would."""
 
     def __init__(self, config: SleaConfig, redis_url: str):
         self.config = config
@@ -108,6 +120,10 @@ class ActorPool:
         self.workers: dict[int, ray.actor.ActorHandle] = {}
         self._next_index = 0
         self._last_summaries: dict[int, dict] = {}  # worker index -> its latest summary
+        self._asking: dict[tuple[int, str], ray.ObjectRef] = {}  # (worker index, method) -> call not answered yet
+        self._answering: set[int] = set()  # workers whose latest call was answered: placed, up, not restarting
+        self._retiring: dict[int, tuple[ray.actor.ActorHandle, ray.ObjectRef, float]] = {}  # handle, stop(), deadline
+        self._producer = None  # StreamProducer for the abandon markers of killed workers, made when first needed
 
     def _options(self) -> dict:
         actors = self.config.actors
@@ -116,53 +132,134 @@ class ActorPool:
             options["resources"] = dict(actors.resources)
         return options
 
+    @property
+    def alive(self) -> int:
+        """Workers in the pool that are placed, up and answering (not waiting for a node, not restarting)."""
+        return len(self._answering & set(self.workers))
+
     def scale(self, num_workers: int) -> None:
-        """Add or remove workers to reach `num_workers` (removed ones mark their episodes abandoned)."""
+        """Add or remove workers to reach `num_workers`, waiting for neither. Workers that have never
+        answered (still waiting for resources or loading) go first and are killed; a worker that is up
+        stops in the background: it starts no new group and marks its episodes in flight abandoned."""
+        self._ask("ensure_running", 0, issue=False)  # fresh news of who is up
         while len(self.workers) < num_workers:
             index = self._next_index
             self._next_index += 1
             self.workers[index] = ActorWorkerProcess.options(**self._options()).remote(
                 self.config.model_dump(mode="json"), index, self.redis_url
             )
-        surplus = sorted(self.workers)[num_workers:]
-        if surplus:
-            ray.get([self.workers[index].stop.remote() for index in surplus])
-            for index in surplus:
-                ray.kill(self.workers.pop(index), no_restart=True)
-                self._last_summaries.pop(index, None)
+        removal_order = sorted(self.workers, key=lambda index: (index in self._answering, -index))
+        for index in removal_order[: max(len(self.workers) - num_workers, 0)]:
+            worker = self.workers.pop(index)
+            if index in self._answering:
+                self._retiring[index] = (worker, worker.stop.remote(), time.monotonic() + RETIRE_TIMEOUT_S)
+            else:
+                self._kill(index, worker)
+            self._forget(index)
         self.supervise()
 
-    def supervise(self) -> int:
-        """(Re)start the run loop of every worker that is not running; returns how many were started."""
-        started = 0
-        for index, worker in list(self.workers.items()):
+    def _forget(self, index: int) -> None:
+        for key in [key for key in self._asking if key[0] == index]:
+            del self._asking[key]
+        self._last_summaries.pop(index, None)
+        self._answering.discard(index)
+
+    def _kill(self, index: int, worker: ray.actor.ActorHandle) -> None:
+        """Kill a worker that did not stop by itself and mark what it had in flight abandoned."""
+        from actors.worker import abandon_inflight  # the worker module imports the envs: only when needed
+
+        ray.kill(worker, no_restart=True)
+        if self._producer is None:
+            self._producer = StreamProducer(
+                connect(self.config.redis, self.redis_url),
+                self.config.stream_key(),
+                reconnect_max_s=self.config.redis.reconnect_max_s,
+            )
+        abandon_inflight(self._producer.client, self._producer, self.config.run.id, index)
+
+    def _ask(self, method: str, timeout_s: float, issue: bool = True) -> list[tuple[int, object]]:
+        """(worker index, answer) pairs: first the answers to earlier questions that have come in, then
+        (unless `issue` is False) those to a fresh question to every worker not asked already, as far
+        as they arrive within `timeout_s`. A worker that failed (dying, restarting) is asked next time."""
+        answers = self._collect(method, 0)
+        if issue:
+            for index, worker in self.workers.items():
+                if (index, method) not in self._asking:
+                    self._asking[index, method] = getattr(worker, method).remote()
+            answers += self._collect(method, timeout_s)
+        return answers
+
+    def _collect(self, method: str, timeout_s: float) -> list[tuple[int, object]]:
+        waiting = {self._asking[index, method]: index for index in self.workers if (index, method) in self._asking}
+        if not waiting:
+            return []
+        ready, _ = ray.wait(list(waiting), num_returns=len(waiting), timeout=timeout_s)
+        answers = []
+        for ref in ready:
+            index = waiting[ref]
+            del self._asking[index, method]
             try:
-                started += ray.get(worker.ensure_running.remote())
-            except ray.exceptions.RayActorError as exc:  # restarting right now: next supervise() catches it
+                answers.append((index, ray.get(ref)))
+                self._answering.add(index)
+            except ray.exceptions.RayActorError as exc:  # restarting right now: asked again next time
+                self._answering.discard(index)
                 log.warning("actor worker %d unavailable: %s", index, exc)
+        return answers
+
+    def supervise(self) -> int:
+        """(Re)start the run loop of every worker that is not running, finish stopping removed ones;
+        returns how many loops were started."""
+        started = sum(bool(fresh) for _index, fresh in self._ask("ensure_running", ASK_TIMEOUT_S))
+        self.reap()
         return started
 
-    def summaries(self) -> list[dict]:
-        """Each worker's summary; a worker that is restarting (killed for memory, crashed) shows
-        its last known one instead of failing the caller, the driver's display loop."""
-        for index, worker in self.workers.items():
+    def reap(self) -> int:
+        """Kill the removed workers that have stopped (or overran RETIRE_TIMEOUT_S); returns how many are left."""
+        for index, (worker, stopping, deadline) in list(self._retiring.items()):
+            ready, _ = ray.wait([stopping], timeout=0)
+            if not ready and time.monotonic() < deadline:
+                continue
+            del self._retiring[index]
+            if not ready:
+                log.warning("actor worker %d did not stop within %.0f s: killed", index, RETIRE_TIMEOUT_S)
+                self._kill(index, worker)
+                continue
             try:
-                self._last_summaries[index] = ray.get(worker.summary.remote())
+                ray.get(stopping)
             except ray.exceptions.RayActorError as exc:
-                log.warning("actor worker %d unavailable, showing its last summary: %s", index, exc)
+                log.warning("actor worker %d could not stop cleanly: %s", index, exc)
+                self._kill(index, worker)
+                continue
+            ray.kill(worker, no_restart=True)
+        return len(self._retiring)
+
+    def summaries(self) -> list[dict]:
+        """Each worker's summary; a worker that is restarting (killed for memory, crashed) or slow to
+        answer shows its last known one instead of holding up the caller, the driver's display loop."""
+        self._last_summaries.update(self._ask("summary", ASK_TIMEOUT_S))  # later answers overwrite earlier ones
         return [self._last_summaries[index] for index in self.workers if index in self._last_summaries]
 
     def stop(self) -> list[dict]:
-        """Stop every worker (it abandons its groups in flight) and kill it. A worker that is
-        restarting cannot stop cleanly: it is killed, and the learner drops its unfinished
-        groups when they time out."""
+        """Stop every worker, removed ones still stopping included (each abandons its groups in flight),
+        and kill it. A worker that is not up (waiting for resources, restarting) cannot stop by itself:
+        it is killed and the pool marks its episodes in flight abandoned."""
+        self._ask("ensure_running", 0, issue=False)
+        up = {index: worker for index, worker in self.workers.items() if index in self._answering}
+        stopping = {index: (worker, worker.stop.remote()) for index, worker in up.items()}  # all at once
+        stopping.update({index: (worker, ref) for index, (worker, ref, _deadline) in self._retiring.items()})
         summaries = []
-        stopping = {index: worker.stop.remote() for index, worker in self.workers.items()}  # all at once
-        for index, stopped in stopping.items():
+        for index, (worker, stopped) in stopping.items():
             try:
-                summaries.append(ray.get(stopped))
-            except ray.exceptions.RayActorError as exc:
+                summaries.append(ray.get(stopped, timeout=RETIRE_TIMEOUT_S))
+                ray.kill(worker, no_restart=True)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
                 log.warning("actor worker %d could not stop cleanly: %s", index, exc)
-            ray.kill(self.workers[index], no_restart=True)
+                self._kill(index, worker)
+        for index, worker in self.workers.items():
+            if index not in up:
+                self._kill(index, worker)
+        for index in list(self.workers):
+            self._forget(index)
         self.workers.clear()
+        self._retiring.clear()
         return summaries

@@ -72,6 +72,18 @@ def abandon_marker(fields: dict, run_id: str) -> StepRecord:
     )
 
 
+def abandon_inflight(client: redis.Redis, producer: StreamProducer, run_id: str, worker_index: int) -> list[StepRecord]:
+    """Mark every episode a worker lists in flight abandoned and clear its list; returns the markers.
+    The worker's successor calls it, and so does the pool for a worker it had to kill."""
+    key = inflight_key(run_id, worker_index)
+    listed = client.hgetall(key)
+    markers = [abandon_marker(msgpack.unpackb(raw), run_id) for raw in listed.values()]
+    if markers:
+        producer.send(markers)
+        client.hdel(key, *listed.keys())
+    return markers
+
+
 def training_tasks(env: TextEnv, config: SleaConfig, seed: int) -> TaskSampler:
     """The worker's training tasks: every task an evaluation of this run plays is held out."""
     return TaskSampler(
@@ -165,11 +177,7 @@ class ActorWorker:
 
     def mark_abandoned(self) -> int:
         """Write abandon markers for every episode listed in flight, then clear the list."""
-        listed = self.client.hgetall(self._inflight_key)
-        markers = [abandon_marker(msgpack.unpackb(raw), self.config.run.id) for raw in listed.values()]
-        if markers:
-            self.producer.send(markers)
-            self.client.hdel(self._inflight_key, *listed.keys())
+        markers = abandon_inflight(self.client, self.producer, self.config.run.id, self.worker_index)
         self.stats.abandoned_marked += len(markers)
         for marker in markers:
             metric("actor_episodes_total").labels(

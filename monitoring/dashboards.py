@@ -149,6 +149,17 @@ ACTORS = Dashboard(
         Panel(
             "Weight updates/min by worker", [(f"60 * {_rate_by('actor_weight_updates_total', 'worker')}", "{{worker}}")]
         ),
+        Panel(
+            "Actor workers: desired and alive",
+            [
+                (f"max({m('actor_pool_desired_workers')})", "desired"),
+                (f"max({m('actor_pool_alive_workers')})", "alive"),
+            ],
+        ),
+        Panel(
+            "Autoscale decisions/h by kind",
+            [(f"3600 * {_rate_by('actor_pool_autoscale_decisions_total', 'kind')}", "{{kind}}")],
+        ),
     ],
 )
 

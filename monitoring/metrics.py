@@ -174,6 +174,19 @@ CATALOGUE: dict[str, MetricSpec] = {
         MetricSpec(
             "actor_weight_updates_total", "counter", "Weight versions an actor worker switched to.", ("worker",)
         ),
+        # actor pool size (slea/driver/pool_control.py: the driver exports these)
+        MetricSpec(
+            "actor_pool_desired_workers", "gauge", "Actor workers the pool is asked to have (slea scale, autoscale)."
+        ),
+        MetricSpec(
+            "actor_pool_alive_workers", "gauge", "Actor workers placed, up and answering (not waiting for a node)."
+        ),
+        MetricSpec(
+            "actor_pool_autoscale_decisions_total",
+            "counter",
+            "Autoscale decisions about the actor pool, by kind (grow, shrink, hold).",
+            ("kind",),
+        ),
         # experience library (library/)
         MetricSpec("library_experiences", "gauge", "Experiences held per zone and level.", ("zone", "level")),
         MetricSpec(

@@ -1,5 +1,5 @@
 """Names by which components find each other: the Ray namespace, the weight registry actor, the
-library's Serve app and the Redis keys beside the step stream. Actors, learner and library
+library's Serve app, a running driver's pool control and the Redis keys beside the step stream. Actors, learner and library
 never import each other, so the names they meet by live here."""
 
 from __future__ import annotations
@@ -23,3 +23,8 @@ def sync_claims_key(run_id: str) -> str:
     """Redis hash of groups started per policy version (version -> count) in synchronous mode,
     shared by all workers so that exactly `learner.tasks_per_step` groups play each version."""
     return f"slea:{run_id}:sync_claims"
+
+
+def run_control_name(run_id: str) -> str:
+    """Ray actor name of a running driver's pool control (`slea scale` sets the actor pool size there)."""
+    return f"slea-control-{run_id}"

@@ -160,6 +160,35 @@ def parse_plugin_spec(spec: str) -> tuple[str, str, bool]:
     return source, class_name, source.endswith(".py")
 
 
+class AutoscaleConfig(_Section):
+    """The actor pool sizing itself while training goes on (slea/driver/autoscale.py decides)."""
+
+    min_workers: int = Field(1, ge=1, description="Fewest actor workers the autoscaler keeps.")
+    max_workers: int = Field(8, ge=1, description="Most actor workers the autoscaler starts.")
+    interval_s: float = Field(
+        30.0, gt=0, description="Seconds between decisions; each looks at the interval before it."
+    )
+    step: int = Field(1, ge=1, description="Workers added or removed by one decision.")
+    grow_wait_fraction: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="Grow while the learner spends more than this share of its time waiting for groups.",
+    )
+    shrink_throttled_fraction: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="Shrink while workers spend more than this share of their time held back by the staleness or lag bound.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> AutoscaleConfig:
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers={self.min_workers} is above max_workers={self.max_workers}")
+        return self
+
+
 class ActorsConfig(_Section):
     num_workers: int = Field(2, ge=0, description="Actor workers (Ray actors) in the pool.")
     envs_per_worker: int = Field(8, ge=1, description="Environments each worker plays concurrently.")
@@ -189,6 +218,10 @@ class ActorsConfig(_Section):
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per actor worker.")
     resources: dict[str, float] = Field(
         default_factory=dict, description="Custom Ray resources pinning workers to their pool."
+    )
+    autoscale: AutoscaleConfig | None = Field(
+        None,
+        description="Size the pool by the learner's waiting and the actors' throttling (null = fixed; slea scale).",
     )
 
 

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
 import torch
+from ray.cluster_utils import AutoscalingCluster
 
 
 def forward_logprobs(model, prompt_ids, response_ids, temperature: float = 1.0) -> np.ndarray:
@@ -65,3 +71,135 @@ def listening_addresses(port: int) -> set[str]:
             raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
             found.add(str(ipaddress.ip_address(raw)))
     return found
+
+
+def entry_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as a sortable (milliseconds, sequence) pair."""
+    millis, seq = entry_id.split("-")
+    return int(millis), int(seq)
+
+
+def lineage(trace: list[dict]) -> list[dict]:
+    """The learner steps whose updates survived: a restart from a checkpoint at step c writes step
+    c+1 again, which rolls back every line of a step > c before it (those updates died unsaved)."""
+    kept: list[dict] = []
+    for line in trace:
+        kept = [earlier for earlier in kept if earlier["learner_step"] < line["learner_step"]]
+        kept.append(line)
+    return kept
+
+
+@dataclass
+class StreamAudit:
+    """What audit_the_stream() found, for the checks particular to one test."""
+
+    trace: list[dict]  # the learner's trained_groups.jsonl, one line per step (restarts included)
+    trained: set[str]  # group ids the surviving policy trained on
+    abandoned: set[str]  # group ids with an abandon marker
+    cut_short: set[str]  # group ids with an episode marked abandoned before it completed
+    rolled_back: set[str]  # group ids of updates a learner crash lost (they must be trained again)
+
+
+def audit_the_stream(records: dict, client, stream: str, learner_dir: Path, group_size: int) -> StreamAudit:
+    """The counts that must add up after a run, however it was disturbed: `records` is every entry the
+    stream held (entry id -> StepRecord), `learner_dir` the run's learner/ directory.
+
+    The version line has no gap and never goes back; each finished episode is trained on at most
+    once by the surviving policy and never an abandoned one; every trained group is complete; the
+    final checkpoint holds exactly the surviving steps; nothing is acknowledged without its effect
+    being durable."""
+    trace = [json.loads(line) for line in (learner_dir / "trained_groups.jsonl").read_text().splitlines()]
+
+    # A version number shows twice only when a learner crash lost an update before the registry
+    # recorded it: the restarted learner then publishes that number for the first time.
+    versions = [line["policy_version"] for line in trace]
+    assert versions == sorted(versions), versions
+    assert sorted(set(versions)) == list(range(versions[0], versions[-1] + 1)), versions
+    assert max(versions.count(version) for version in versions) <= 2, versions
+
+    kept = lineage(trace)
+    trained = [group_id for line in kept for group_id in line["group_ids"]]
+    assert len(trained) == len(set(trained)), "a group was trained on twice"
+    steps = defaultdict(dict)  # group id -> episode id -> {step index: record}
+    for record in records.values():
+        if not record.abandoned:
+            steps[record.group_id].setdefault(record.episode_id, {})[record.step] = record
+    complete = {
+        (group_id, episode_id)
+        for group_id, episodes in steps.items()
+        for episode_id, held in episodes.items()
+        if sorted(held) == list(range(len(held))) and held[len(held) - 1].done
+    }
+    abandoned = {record.group_id for record in records.values() if record.abandoned}
+    cut_short = {
+        record.group_id
+        for record in records.values()
+        if record.abandoned and (record.group_id, record.episode_id) not in complete
+    }
+    assert not cut_short & set(trained), "an abandoned episode was trained on"
+    for group_id in trained:
+        assert {(group_id, episode_id) for episode_id in steps[group_id]} <= complete
+        assert len(steps[group_id]) == group_size
+    # Every episode is complete or marked abandoned: none can pass for complete when it is not.
+    accounted = complete | {(record.group_id, record.episode_id) for record in records.values() if record.abandoned}
+    for group_id, episodes in steps.items():
+        for episode_id in episodes:
+            assert (group_id, episode_id) in accounted, f"episode {episode_id} is neither complete nor abandoned"
+    rolled_back = {group_id for line in trace if line not in kept for group_id in line["group_ids"]}
+
+    # The final checkpoint holds exactly the surviving steps.
+    checkpoints = learner_dir / "checkpoints"
+    state = json.loads((checkpoints / (checkpoints / "latest").read_text().strip() / "state.json").read_text())
+    assert (state["learner_step"], state["version"]) == (kept[-1]["learner_step"], kept[-1]["policy_version"])
+
+    # An acked entry belongs to a checkpointed group or to a deliberately dropped (abandoned) one, and
+    # every trained group's entries are acked.
+    info = {group["name"].decode(): group for group in client.xinfo_groups(stream)}
+    delivered_up_to = entry_key(info["learner"]["last-delivered-id"].decode())
+    pending = {entry["message_id"].decode() for entry in client.xpending_range(stream, "learner", "-", "+", 100_000)}
+    acked = {entry_id for entry_id in records if entry_key(entry_id) <= delivered_up_to and entry_id not in pending}
+    assert {records[entry_id].group_id for entry_id in acked} <= set(trained) | abandoned
+    assert all(entry_id in acked for entry_id, record in records.items() if record.group_id in set(trained))
+    return StreamAudit(trace, set(trained), abandoned, cut_short, rolled_back)
+
+
+class LocalAutoscalingCluster(AutoscalingCluster):
+    """Ray's own AutoscalingCluster (the real autoscaler, nodes as processes on this machine) for a
+    wheel without `fake_multi_node/example.yaml`, which its `_generate_config` reads (Ray 2.60's
+    lacks it): the same config, built here. Ray's start() and shutdown() run `ray stop --force`,
+    which ends every Ray on the machine: call them under the machine's heavy lock only."""
+
+    def _generate_config(self, head_resources, worker_node_types, autoscaler_v2=False, **config_kwargs):
+        if autoscaler_v2:
+            raise NotImplementedError("the fake provider's v2 settings are not built here")
+        return {
+            "cluster_name": "fake_multinode",
+            "max_workers": 8,
+            "provider": {
+                "type": "fake_multinode",
+                "use_node_id_as_ip": True,
+                "disable_node_updaters": True,
+                "disable_launch_config_check": True,
+            },
+            "available_node_types": {
+                **worker_node_types,
+                "ray.head.default": {"resources": head_resources, "node_config": {}, "max_workers": 0},
+            },
+            "head_node_type": "ray.head.default",
+            "auth": {},
+            "upscaling_speed": 1.0,
+            "idle_timeout_minutes": 0.1,
+            "docker": {},
+            "initialization_commands": [],
+            "setup_commands": [],
+            "head_setup_commands": [],
+            "worker_setup_commands": [],
+            "head_start_ray_commands": [],
+            "worker_start_ray_commands": [],
+            "file_mounts": {},
+            "cluster_synced_files": [],
+            "file_mounts_sync_continuously": False,
+            "rsync_exclude": [],
+            "rsync_filter": [],
+            **config_kwargs,
+        }

@@ -230,6 +230,28 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scale(args: argparse.Namespace) -> int:
+    from slea.driver.scale import ScaleError, scale_run
+
+    try:
+        print(scale_run(args.run, args.actors, address=args.address))
+    except ScaleError as exc:
+        print(f"slea scale: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _worker_count(text: str) -> int:
+    """argparse type of --actors: a whole number of workers, 0 or more."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of workers, got {text!r}") from None
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {count}")
+    return count
+
+
 def cmd_not_built(args: argparse.Namespace) -> int:
     print(f"slea {args.command}: not built yet (see the open issues)", file=sys.stderr)
     return 2
@@ -249,6 +271,33 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its directory")
     _plugin_arg(train, PLUGIN_HELP + _PLUGIN_IN_CONFIG + "; select it with --set envs.name=NAME")
     train.set_defaults(func=cmd_train)
+
+    scale = commands.add_parser(
+        "scale",
+        help="resize the actor pool of a running slea train (the learner and library go on)",
+        description="Resize the actor pool of a running `slea train`: the driver adds or removes actor "
+        "workers within seconds (removed ones finish or abandon their groups); the learner and the "
+        "library never restart. On a Ray cluster the autoscaler adds or removes actor nodes to match.",
+    )
+    scale.add_argument(
+        "run",
+        metavar="RUN",
+        help="the run: its directory (runs/<id>, whose driver.json names the Ray cluster) or its run id",
+    )
+    scale.add_argument(
+        "--actors",
+        type=_worker_count,
+        required=True,
+        metavar="N",
+        help="actor workers the pool should have (0 or more)",
+    )
+    scale.add_argument(
+        "--address",
+        default="auto",
+        help="Ray cluster to look for a run id on (default auto: the cluster of this node, e.g. a KubeRay head); "
+        "a run directory names its own",
+    )
+    scale.set_defaults(func=cmd_scale)
 
     config = commands.add_parser("config", help="inspect run configs")
     config_commands = config.add_subparsers(

@@ -107,6 +107,7 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
     from learner.checkpoint import latest_checkpoint
     from learner.process import start_learner
     from monitoring.ray_metrics import use_ray_metrics
+    from slea.driver.pool_control import PoolSizer
 
     client = connect(config.redis)
     stream = config.stream_key()
@@ -133,10 +134,11 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
         serve_metrics(config.monitoring.metrics_port, config.monitoring.metrics_host)
     recorder = _recorder(config, run_dir)
     progress = Progress(config)
-    library = learner = pool = None
+    library = learner = pool = sizer = None
     library_run, learner_runs = None, []
     summaries, stats = [], None
     try:
+        sizer = PoolSizer(config, run_dir, console.note)  # first: a second driver of this run id stops here
         if config.library.enabled:
             with console.phase("starting the experience library (writer, Ray Serve retrieval app, MiniLM embeddings)"):
                 library, library_run = _start_library(config, run_dir)
@@ -156,7 +158,7 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
         if evals is not None and not resumed and config.eval.before_training:
             evals.on_learner_step(0, final=True)  # the policy before any update: the curve's first point
         pool = ActorPool(config, config.redis.url)
-        pool.scale(config.actors.num_workers)
+        sizer.start(pool)  # actors.num_workers; `slea scale` and actors.autoscale resize it from here
         actors = config.actors
         console.note(
             f"{actors.num_workers} actor worker(s) x {actors.envs_per_worker} envs ({actors.engine}) play {config.envs.name} "
@@ -170,7 +172,9 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
                 trim_acknowledged(client, stream, list(STREAM_GROUPS) if config.library.enabled else ["learner"])
                 stats = ray.get(library.stats.remote()) if library is not None else None
                 summaries = pool.summaries()
-                for metrics in ray.get(learner.drain_metrics.remote()):
+                learner_steps = ray.get(learner.drain_metrics.remote())
+                sizer.update(summaries, learner_steps)
+                for metrics in learner_steps:
                     progress.add_step(metrics)
                     line = run_metrics(metrics, lags, stats, summaries)
                     recorder.record(metrics["learner_step"], line)
@@ -201,6 +205,8 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
         return 130
     finally:
         with console.phase("stopping: learner checkpoint, library snapshot, Ray"):
+            if sizer is not None:
+                sizer.close()
             _shutdown(pool, learner, learner_runs, library, library_run, recorder)
             ray.shutdown()
             client.close()

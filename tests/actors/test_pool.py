@@ -154,8 +154,12 @@ def test_killed_worker_leaves_no_half_episode_and_the_pool_refills(ray_cluster, 
     assert len(pool.summaries()) == 1
     ray.kill(worker, no_restart=False)  # the process dies mid-episode; Ray restarts the actor
     assert len(pool.summaries()) == 1  # restarting or restarted: the driver's display loop goes on
-    assert wait_for(lambda: pool.supervise() == 1, timeout_s=120, interval_s=1)
-    assert wait_for(lambda: any(r.abandoned for r in stream_records(client, config)))
+
+    def marked_while_supervised() -> bool:  # the driver supervises every poll: the restarted worker's
+        pool.supervise()  # loop starts again and first marks its predecessor's half episodes abandoned
+        return any(r.abandoned for r in stream_records(client, config))
+
+    assert wait_for(marked_while_supervised, timeout_s=120, interval_s=1)
     killed_at = len(stream_records(client, config))
     assert wait_for(lambda: sum(r.done and not r.abandoned for r in stream_records(client, config)[killed_at:]) >= 4)
     pool.stop()
@@ -193,10 +197,24 @@ def test_workers_are_added_and_removed_while_the_pool_runs(ray_cluster, redis_ur
     pool = ActorPool(config, redis_url)
     pool.scale(1)
     assert wait_for(lambda: len(stream_records(client, config)) >= 2)
-    pool.scale(2)  # add one while the first is mid-group
-    assert wait_for(lambda: pool.summaries()[-1]["groups_started"] >= 1)
-    pool.scale(1)  # remove it again: its episodes in flight are marked abandoned
+    pool.scale(2)  # add one while the first is mid-group: scale() does not wait for it to load
+    assert wait_for(lambda: any(s["worker"] == 1 and s["groups_started"] >= 1 for s in pool.summaries()))
+    assert pool.alive == 2
+    pool.scale(1)  # remove it again: it stops in the background, its episodes in flight marked abandoned
     assert sorted(pool.workers) == [0]
+    assert wait_for(lambda: pool.reap() == 0, timeout_s=60)
     assert wait_for(lambda: len(stream_records(client, config)) >= 12)  # the remaining worker keeps producing
     pool.stop()
     assert_complete_or_abandoned(stream_records(client, config))
+
+
+def test_a_worker_waiting_for_resources_holds_nothing_up(ray_cluster, redis_url, tiny_model_dir):
+    """On a cluster a new worker waits for the autoscaler's node; until then the driver's loop goes on."""
+    config = pool_config("pool-pending", tiny_model_dir, "actors.num_workers=1", "actors.resources={nowhere: 1}")
+    pool = ActorPool(config, redis_url)
+    started = time.monotonic()
+    pool.scale(1)
+    assert pool.supervise() == 0 and pool.summaries() == [] and pool.alive == 0
+    pool.scale(0)  # never placed: killed at once, nothing to abandon
+    assert pool.workers == {} and pool.reap() == 0 and pool.stop() == []
+    assert time.monotonic() - started < 10

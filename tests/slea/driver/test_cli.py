@@ -31,6 +31,7 @@ def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
         ["doctor"],
         ["config", "show"],
         ["compare"],
+        ["scale"],
     ],
 )
 def test_every_subcommand_has_help(command):
