@@ -9,12 +9,11 @@ every finished episode trained on at most once, nothing acknowledged without its
 durable, abandoned episodes dropped, the policy version line without gap or repeat.
 """
 
-import json
 import time
-from collections import defaultdict
 
 import pytest
 import ray
+from helpers import check_the_counts, learner_metrics
 from ray import serve
 
 from actors.pool import ActorPool
@@ -33,11 +32,6 @@ pytestmark = pytest.mark.slow
 REDIS_OUTAGE_S = 3.0  # longer than redis-py's own few quick retries: the components' reconnect logic must carry it
 
 
-def entry_key(entry_id: str) -> tuple[int, int]:
-    millis, seq = entry_id.split("-")
-    return int(millis), int(seq)
-
-
 class Run:
     """The components of one run, started as slea/driver/train.py starts them, plus the levers to break them."""
 
@@ -45,7 +39,6 @@ class Run:
         self.config, self.run_dir = config, run_dir
         self.as_dict = config.model_dump(mode="json")
         self.library = LibraryProcess.options(num_cpus=1).remote(self.as_dict, config.redis.url, str(run_dir))
-        ray.get(self.library.stats.remote())  # first snapshot published: replicas can start
         self.library_run = self.library.run.remote()
         start_serve_app(config, config.redis.url)
         self.start_learner()
@@ -88,21 +81,6 @@ def library_replicas() -> list[str]:
         for actor in ray.util.list_named_actors(all_namespaces=True)
         if actor["namespace"] == "serve" and "REPLICA" in actor["name"] and LIBRARY_APP in actor["name"]
     ]
-
-
-def learner_metrics(run) -> list[dict]:
-    path = run.run_dir / "learner" / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def lineage(trace: list[dict]) -> list[dict]:
-    """The learner steps whose updates survived: a restart from a checkpoint at step c writes step
-    c+1 again, which rolls back every line of a step > c before it (those updates died unsaved)."""
-    kept: list[dict] = []
-    for line in trace:
-        kept = [earlier for earlier in kept if earlier["learner_step"] < line["learner_step"]]
-        kept.append(line)
-    return kept
 
 
 @pytest.fixture
@@ -156,7 +134,10 @@ def test_killing_every_component_loses_nothing_and_trains_nothing_twice(faulty_r
         lambda: any(decode(fields[PAYLOAD_FIELD]).abandoned for _id, fields in client.xrange(stream)),
         "the restarted worker's abandon markers",
     )
-    run.wait(lambda: any(line["groups_dropped_abandoned"] for line in learner_metrics(run)), "the learner to drop them")
+    run.wait(
+        lambda: any(line["groups_dropped_abandoned"] for line in learner_metrics(run.run_dir)),
+        "the learner to drop them",
+    )
 
     # 2. The learner dies between checkpoints (every 2 steps: an odd version is published, not saved);
     # a new one resumes from its checkpoint, re-reads its pending entries and redoes the lost step.
@@ -194,66 +175,4 @@ def test_killing_every_component_loses_nothing_and_trains_nothing_twice(faulty_r
     run.wait(lambda: client.xlen(stream) > length_before + 20, "actors producing after the Redis restart")
 
     run.stop()
-    check_the_counts(run, client, stream)
-
-
-def check_the_counts(run, client, stream):
-    learner_dir = run.run_dir / "learner"
-    records = {entry_id.decode(): decode(fields[PAYLOAD_FIELD]) for entry_id, fields in client.xrange(stream)}
-    trace = [json.loads(line) for line in (learner_dir / "trained_groups.jsonl").read_text().splitlines()]
-
-    # The version line: no version is skipped and it never goes back, across the restart. A number
-    # shows twice only when the crash lost an update before the registry recorded it: the restarted
-    # learner then publishes that number for the first time (had the registry recorded it, the new
-    # learner would have continued after it).
-    versions = [line["policy_version"] for line in trace]
-    assert versions == sorted(versions), versions
-    assert sorted(set(versions)) == list(range(versions[0], versions[-1] + 1)), versions
-    assert max(versions.count(version) for version in versions) <= 2, versions
-
-    # Each finished episode trained on at most once by the surviving policy; never an abandoned one.
-    kept = lineage(trace)
-    trained = [group_id for line in kept for group_id in line["group_ids"]]
-    assert len(trained) == len(set(trained)), "a group was trained on twice"
-    steps = defaultdict(dict)  # group id -> episode id -> {step index: record}
-    for record in records.values():
-        if not record.abandoned:
-            steps[record.group_id].setdefault(record.episode_id, {})[record.step] = record
-    complete = {
-        (group_id, episode_id)
-        for group_id, episodes in steps.items()
-        for episode_id, held in episodes.items()
-        if sorted(held) == list(range(len(held))) and held[len(held) - 1].done
-    }
-    abandoned = {record.group_id for record in records.values() if record.abandoned}
-    cut_short = {
-        record.group_id
-        for record in records.values()
-        if record.abandoned and (record.group_id, record.episode_id) not in complete
-    }
-    assert cut_short and not cut_short & set(trained), "an abandoned episode was trained on"
-    for group_id in trained:
-        assert {(group_id, episode_id) for episode_id in steps[group_id]} <= complete
-        assert len(steps[group_id]) == run.config.actors.group_size
-    # Updates rolled back by the crash were redone from the re-read pending entries.
-    rolled_back = {group_id for line in trace if line not in kept for group_id in line["group_ids"]}
-    assert rolled_back and rolled_back <= set(trained)
-
-    # The final checkpoint holds exactly the surviving steps.
-    checkpoints = learner_dir / "checkpoints"
-    state = json.loads((checkpoints / (checkpoints / "latest").read_text().strip() / "state.json").read_text())
-    assert (state["learner_step"], state["version"]) == (kept[-1]["learner_step"], kept[-1]["policy_version"])
-
-    # Nothing acknowledged without a durable effect: an acked entry belongs to a checkpointed group or
-    # to a deliberately dropped (abandoned) one, and every trained group's entries are acked.
-    info = {group["name"].decode(): group for group in client.xinfo_groups(stream)}
-    delivered_up_to = entry_key(info["learner"]["last-delivered-id"].decode())
-    pending = {entry["message_id"].decode() for entry in client.xpending_range(stream, "learner", "-", "+", 100_000)}
-    acked = {entry_id for entry_id in records if entry_key(entry_id) <= delivered_up_to and entry_id not in pending}
-    assert {records[entry_id].group_id for entry_id in acked} <= set(trained) | abandoned
-    assert all(entry_id in acked for entry_id, record in records.items() if record.group_id in set(trained))
-
-    # The learner counted its drops: abandoned groups, and nothing dropped for any other reason.
-    metrics = learner_metrics(run)
-    assert max(line["groups_dropped_abandoned"] for line in metrics) > 0
-    assert all(line["groups_dropped_stale"] == line["groups_dropped_incomplete"] == 0 for line in metrics)
+    check_the_counts(run.run_dir, run.config, client)
