@@ -12,6 +12,7 @@ machine, under the heavy lock).
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -65,7 +66,7 @@ class Cluster:
     def start(self) -> str:
         port = free_port()
         subprocess.run(
-            [BIN / "ray", "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=4"]
+            [BIN / "ray", "start", "--head", f"--port={port}", "--num-cpus=4"]
             + ["--include-dashboard=false", "--disable-usage-stats"],
             env=self.env,
             check=True,
@@ -81,7 +82,15 @@ class Cluster:
 
 @pytest.fixture
 def cluster():
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "RAY_USAGE_STATS_ENABLED": "0"}
+    # Token authentication, as on KubeRay (deploy/k8s): explicit, so the test does not depend on
+    # whether this machine holds a ~/.ray/auth_token (`ray start` turns auth on when it does).
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+    }
     ray_cluster = Cluster(env)
     yield ray_cluster
     ray_cluster.stop()
