@@ -6,9 +6,10 @@ absent library costs at most `timeout_s`: the step goes ahead without experience
 
 Every observation asked about is counted by outcome in `actor_retrieval_requests_total`: hit
 (answered with experiences), empty (answered with none), timeout, error (the call raised or the
-answer was malformed) or unavailable (no app handle). Errors and an unavailable app are also
-logged with their reason, at most once per reason per `LOG_WINDOW_S`, so a broken library is
-loud without flooding the worker's log.
+answer was malformed) or unavailable (no app handle, or an app with no library published yet).
+Errors and an unavailable app are also logged with their reason, at most once per reason per
+`LOG_WINDOW_S`, so a broken library is loud without flooding the worker's log. An unavailable
+library is asked again only after `HANDLE_RETRY_S`, so neither side logs a failed call per step.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from actors.batching import MicroBatcher
 from actors.log_limiter import LogLimiter
 from actors.prompts import Experience
 from monitoring.metrics import metric
-from slea.channels import LIBRARY_APP
+from slea.channels import LIBRARY_APP, LibraryNotPublished
 
 HANDLE_RETRY_S = 5.0
 LOG_WINDOW_S = 30.0  # at most one log line per failure reason per window
@@ -63,7 +64,7 @@ class RetrievalClient:
         self.timeout_s = timeout_s
         self.app_name = app_name
         self._handle = handle
-        self._next_handle_try = 0.0
+        self._next_handle_try = 0.0  # monotonic time before which the app is not asked again (unavailable)
         self._batcher: MicroBatcher[RetrievalQuery, Retrieved] = MicroBatcher(self._retrieve_batch, max_batch)
         self.misses = 0  # observations answered without experiences for want of an answer (timeout, error, unavailable)
         self._failures = LogLimiter(log, LOG_WINDOW_S)
@@ -73,19 +74,24 @@ class RetrievalClient:
         return await self._batcher.submit(RetrievalQuery(observation, task_type, mode))
 
     def _get_handle(self):
-        if self._handle is None and time.monotonic() >= self._next_handle_try:
+        """The app's handle, or None while it is unavailable (not deployed, or no library yet)."""
+        if time.monotonic() < self._next_handle_try:
+            return None
+        if self._handle is None:
             from ray import serve
 
             try:
                 self._handle = serve.get_app_handle(self.app_name)
             except Exception as exc:  # not deployed (yet): retry later, meanwhile every step goes without
-                self._next_handle_try = time.monotonic() + HANDLE_RETRY_S
-                self._failures.warning(
-                    "unavailable",
-                    f"library app '{self.app_name}' unavailable "
-                    f"({_reason(exc)[1]}); steps go ahead without experiences",
-                )
+                self._unavailable(exc)
         return self._handle
+
+    def _unavailable(self, exc: BaseException) -> None:
+        self._next_handle_try = time.monotonic() + HANDLE_RETRY_S
+        self._failures.warning(
+            "unavailable",
+            f"library app '{self.app_name}' unavailable ({_reason(exc)[1]}); steps go ahead without experiences",
+        )
 
     async def _retrieve_batch(self, queries: list[RetrievalQuery]) -> list[Retrieved]:
         started = time.perf_counter()
@@ -106,12 +112,16 @@ class RetrievalClient:
             except TimeoutError:  # asyncio.TimeoutError is TimeoutError since Python 3.11
                 outcome = "timeout"
             except Exception as exc:  # replica raised or died, malformed answer: go ahead without experiences
-                outcome = "error"
-                kind, reason = _reason(exc)
-                self._failures.warning(
-                    f"error:{kind}",
-                    f"library retrieval failed ({reason}); {len(queries)} step(s) went ahead without experiences",
-                )
+                if isinstance(_cause(exc), LibraryNotPublished):  # the app is up, its library not yet
+                    outcome = "unavailable"
+                    self._unavailable(exc)
+                else:
+                    outcome = "error"
+                    kind, reason = _reason(exc)
+                    self._failures.warning(
+                        f"error:{kind}",
+                        f"library retrieval failed ({reason}); {len(queries)} step(s) went ahead without experiences",
+                    )
         elapsed = time.perf_counter() - started
         self.busy_s += elapsed
         metric("actor_retrieval_seconds").observe(elapsed)
@@ -147,13 +157,16 @@ def _parse(answers, expected: int) -> list[Retrieved]:
     ]
 
 
-def _reason(exc: BaseException) -> tuple[str, str]:
-    """(exception type name, 'type: first line of its message'). A replica's exception reaches the
-    caller wrapped in a RayTaskError whose text is the whole remote traceback; its cause is what
-    went wrong, so that is what is named."""
+def _cause(exc: BaseException) -> BaseException:
+    """What went wrong: a replica's exception reaches the caller wrapped in a RayTaskError whose
+    text is the whole remote traceback; its cause is the replica's own exception."""
     from ray.exceptions import RayTaskError
 
-    if isinstance(exc, RayTaskError) and exc.cause is not None:
-        exc = exc.cause
+    return exc.cause if isinstance(exc, RayTaskError) and exc.cause is not None else exc
+
+
+def _reason(exc: BaseException) -> tuple[str, str]:
+    """(exception type name, 'type: first line of its message') of what went wrong."""
+    exc = _cause(exc)
     kind, lines = type(exc).__name__, str(exc).strip().splitlines()
     return kind, f"{kind}: {lines[0][:200]}" if lines else kind

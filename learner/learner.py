@@ -4,7 +4,8 @@ Acknowledgement discipline: an entry is acknowledged when it was dropped on purp
 timed out, stale, late duplicate) or when the checkpoint holding the update that used it is on
 disk. A learner that dies in between re-reads those entries from its pending list on restart,
 resumes from the checkpoint and trains on them once; the version line continues after the
-latest published version (see learner/weights.py), so actors never see a version twice.
+latest published version, even when the whole Ray cluster (and the weight registry with it) is
+gone (see learner/weights.py `resume_version`), so a version number never names two policies.
 
 Several ranks (`learner.num_ranks` Ray actors, or torchrun): rank 0 runs this loop alone and
 orders the others through every collective (learner/ranks.py); each trains its share of the
@@ -32,7 +33,7 @@ from learner.engine import PolicyTrainer
 from learner.groups import GroupAssembler, ReadyGroup
 from learner.metrics_export import export_step_metrics
 from learner.ranks import Order, RankChannel
-from learner.weights import RayWeightPublisher
+from learner.weights import RayWeightPublisher, VersionRecord, resume_version
 from slea.config import SleaConfig
 from slea.models import load_model
 from slea.redis_conn import connect
@@ -66,10 +67,13 @@ class Learner:
         self.stop_requested = threading.Event()
         start = None
         if self.ranks.leader:  # the other ranks never touch Redis or the weight registry (learner/ranks.py)
-            self.publisher = RayWeightPublisher(
-                cfg.run.id, cfg.learner.weight_transport, cfg.learner.weight_push_timeout_s
-            )
             client = redis_client if redis_client is not None else connect(cfg.redis)
+            self.publisher = RayWeightPublisher(
+                cfg.run.id,
+                cfg.learner.weight_transport,
+                cfg.learner.weight_push_timeout_s,
+                record=VersionRecord(client, cfg.run.id, cfg.redis.reconnect_max_s),
+            )
             self.consumer = StreamConsumer(
                 client,
                 cfg.stream_key(),
@@ -84,9 +88,13 @@ class Learner:
                 cfg.actors.group_size, cfg.learner.group_timeout_s, cfg.learner.max_staleness
             )
             self.unacked: list[str] = []  # entries used by updates not yet checkpointed
-            start = (latest_checkpoint(self.checkpoint_root), self.publisher.latest_version())
+            start = (
+                latest_checkpoint(self.checkpoint_root),
+                self.publisher.latest_version(),
+                self.publisher.record.latest(),
+            )
         # Every rank resumes from the checkpoint rank 0 picked (each loads its own ZeRO partition and RNG).
-        previous, published = self.ranks.share(start)
+        previous, registry, recorded = self.ranks.share(start)
 
         state = LearnerState(version=0, learner_step=0)
         if previous is not None:
@@ -94,14 +102,12 @@ class Learner:
             if self.ranks.leader:
                 self.consumer.ack(state.applied_entry_ids)  # their effect is in the checkpoint
         self.learner_step = state.learner_step
-        self.version = state.version
-        if published >= self.version:
-            # A learner restarted inside a live run: the registry already serves weights at least as new
-            # as the checkpoint (versions published after it died with the crash). Continue the line right
-            # after them, so no version repeats and none is skipped; actors keep those weights one step.
-            self.version = published
-        else:
+        resumed = resume_version(state.version, registry, recorded)
+        self.version = resumed.version
+        if resumed.publish:
             self._publish()
+            if self.version > state.version and self.ranks.leader:
+                self._trace([], restored=True)  # the checkpoint's weights under a new number: part of the line
         self._idle_since = time.monotonic()  # end of the latest step (or of start-up): wait_seconds counts from here
 
     def poll(self, block_ms: int | None = None) -> None:
@@ -167,11 +173,13 @@ class Learner:
         elif self.cfg.learner.zero_stage == 3:
             self.trainer.full_state_dict()  # this rank's share of rank 0's gather; the copy is dropped
 
-    def _trace(self, groups: list[ReadyGroup]) -> None:
+    def _trace(self, groups: list[ReadyGroup], restored: bool = False) -> None:
         """Append which groups this step trained on, right after publishing and before the checkpoint.
 
         An audit trail across crashes (tests/test_fault_tolerance.py): a line whose learner_step is not
         above the previous line's marks a restart from a checkpoint, which rolls back the later lines.
+        A `restored` line trains nothing: a learner on a new Ray cluster announced its checkpoint's
+        weights (at learner_step) under the next version number (learner/weights.py resume_version).
         """
         self.trace_path.parent.mkdir(parents=True, exist_ok=True)
         line = {
@@ -180,6 +188,8 @@ class Learner:
             "at": time.time(),
             "group_ids": [group.group_id for group in groups],
         }
+        if restored:
+            line["restored"] = True
         with self.trace_path.open("a") as trace:
             trace.write(json.dumps(line) + "\n")
 

@@ -8,7 +8,10 @@ re-puts it so that it owns the object, and keeps only the latest (version, Objec
 Publishing returns as soon as the learner's copy is in the store, so the next training step
 never waits for the registry or the actors. Because the registry owns its copy, the latest
 weights survive a learner crash, and a restarted learner continues the version line after the
-registry's latest version (no repeats).
+registry's latest version (no repeats). The registry goes with its Ray cluster, so each version
+is also recorded in Redis (slea.channels.policy_version_key) before it is announced: a learner on
+a new cluster continues after the recorded version too (`resume_version`), never re-issuing a
+number that records in the stream already carry.
 
 The actors' contract, by name, without importing this module:
 
@@ -32,10 +35,60 @@ published: it announces the version and serves engines that cannot receive (tran
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import ray
+import redis
 import torch
 
-from slea.channels import RAY_NAMESPACE, weight_registry_name
+from slea.channels import RAY_NAMESPACE, policy_version_key, weight_registry_name
+from slea.redis_conn import with_reconnect
+
+
+@dataclass(frozen=True)
+class VersionStart:
+    """Where a starting learner takes up the version line."""
+
+    version: int  # the version its weights carry from now on
+    publish: bool  # announce them now: the registry does not hold the newest version's weights
+
+
+def resume_version(checkpoint: int, registry: int, recorded: int) -> VersionStart:
+    """Where a (re)starting learner continues the version line, so that no version number is ever
+    given to two different weights and none is skipped.
+
+    checkpoint: version of the weights it loaded (0: the initial model); registry: the weight
+    registry's latest version (-1: none, e.g. on a new Ray cluster); recorded: the latest version
+    recorded in Redis (-1: none, e.g. a run from before the record existed)."""
+    if registry >= max(checkpoint, recorded):
+        # Restarted inside a live Ray cluster: the registry serves weights at least as new as the
+        # checkpoint (versions published after it died with the crash). Continue right after them;
+        # actors keep those weights one more step.
+        return VersionStart(registry, publish=False)
+    if recorded <= checkpoint:
+        # The checkpoint holds the newest weights ever published (a stop, or a first start): announce
+        # them under their own version.
+        return VersionStart(checkpoint, publish=True)
+    # Versions after the checkpoint up to `recorded` died with their Ray cluster, and records in the
+    # stream carry their numbers: the checkpoint's weights need a number of their own, the next one.
+    return VersionStart(recorded + 1, publish=True)
+
+
+class VersionRecord:
+    """The newest published version, kept in Redis where it outlives the Ray cluster."""
+
+    def __init__(self, client: redis.Redis, run_id: str, reconnect_max_s: float = 30.0):
+        self.client = client
+        self.key = policy_version_key(run_id)
+        self.reconnect_max_s = reconnect_max_s
+
+    def latest(self) -> int:
+        """The recorded version, -1 if none was ever recorded."""
+        value = with_reconnect(lambda: self.client.get(self.key), max_wait_s=self.reconnect_max_s)
+        return -1 if value is None else int(value)
+
+    def record(self, version: int) -> None:
+        with_reconnect(lambda: self.client.set(self.key, version), max_wait_s=self.reconnect_max_s)
 
 
 @ray.remote(num_cpus=0)
@@ -81,7 +134,14 @@ class WeightRegistry:
 class RayWeightPublisher:
     """The learner's side of the weight channel: the object store, plus the collective push."""
 
-    def __init__(self, run_id: str, transport: str = "object_store", timeout_s: float = 120.0):
+    def __init__(
+        self,
+        run_id: str,
+        transport: str = "object_store",
+        timeout_s: float = 120.0,
+        record: VersionRecord | None = None,
+    ):
+        self.record = record  # where each version is recorded before it is announced (None: nowhere)
         self.registry = WeightRegistry.options(
             name=weight_registry_name(run_id), namespace=RAY_NAMESPACE, lifetime="detached", get_if_exists=True
         ).remote()
@@ -105,6 +165,10 @@ class RayWeightPublisher:
             if ready:
                 ray.get(ready[0])  # surfaces a rejected version instead of losing it
         ref = ray.put(state_dict)
+        if self.record is not None:
+            # Recorded before any actor can see it, so a version some record carries is always recorded:
+            # a crash in between costs at most a number nobody saw, never a number given twice.
+            self.record.record(version)
         self._last_publish = self.registry.publish.remote(version, ref)
         if self.sender is not None:
             self.sender.submit(version, state_dict)

@@ -10,7 +10,9 @@ commits one new version, publishes the delta to Serve replicas and snapshots whe
 Stream entries are acknowledged only when their effect is durable: after the snapshot that
 holds it, or at once when they change nothing (abandoned or duplicate episodes, windows that
 changed nothing). The snapshot lists the episodes it holds, so an entry redelivered after a
-crash between snapshot and ack is recognised and acknowledged, never applied twice.
+crash between snapshot and ack is recognised and acknowledged, never applied twice. A writer
+starts from the run directory's latest snapshot, or from the last one published to Redis when the
+directory has none, so a writer on a new pod continues the run's library instead of emptying it.
 """
 
 from __future__ import annotations
@@ -67,13 +69,9 @@ class LibraryWriter:
         self.library = library
         self.extractor = extractor
         self.durable: OrderedDict[str, None] = OrderedDict()  # episodes whose effect a snapshot holds
-        restored = latest_snapshot(self.run_dir)
-        if restored is not None:
-            header = load_snapshot_text(library, restored.read_text())
-            self.durable.update(dict.fromkeys(header["applied_episodes"]))
-            log.info("library restored from %s (version %d)", restored, library.version)
-        self.snapshot_version = library.version
         self.publisher = Publisher(client, config.run.id, config.redis.reconnect_max_s)
+        self._restore()
+        self.snapshot_version = library.version
         self.publisher.start(snapshot_text(library, list(self.durable)))
         self.consumer = StreamConsumer(
             client,
@@ -96,6 +94,25 @@ class LibraryWriter:
         self.failed: BaseException | None = None  # the worker's fatal error, if any
         self._worker = threading.Thread(target=self._work, name="library-worker", daemon=True)
         self._worker.start()
+
+    def _restore(self) -> None:
+        """Continue the library of an earlier writer: from the run directory's latest snapshot, or,
+        when the directory has none (a new pod, a lost volume), from the last snapshot published to
+        Redis, which is never older than the entries acknowledged (every ack follows a snapshot's
+        publish). Only a run with neither starts empty; publishing an empty library over the
+        served one would throw the run's library away."""
+        restored = latest_snapshot(self.run_dir)
+        if restored is not None:
+            text, source = restored.read_text(), str(restored)
+        else:
+            text, source = self.publisher.published_snapshot(), "Redis"
+            if text is None:
+                return
+        header = load_snapshot_text(self.library, text)
+        self.durable.update(dict.fromkeys(header["applied_episodes"]))
+        if restored is None:  # the run directory holds the library again
+            write_snapshot(self.run_dir, text, self.library.version)
+        log.info("library restored from %s (version %d)", source, self.library.version)
 
     # ---- consume thread ------------------------------------------------------------------------
 

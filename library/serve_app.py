@@ -4,6 +4,11 @@ Each replica holds a copy of the library that follows the writer through Redis
 (library.sync) and is brought up to date before every answer. Bad requests (malformed JSON,
 wrong types, out-of-bounds k or budgets, oversized bodies) get a 4xx with a message; a
 replica never dies of a request.
+
+A replica needs no library to start: the app comes up (and a RayService becomes ready) before
+any writer has published, answers /healthz, and answers retrievals with 503 "no library
+published yet for run X" (handle calls raise slea.channels.LibraryNotPublished, which actors
+count as the library being unavailable) until the first snapshot, then serves it.
 """
 
 # No `from __future__ import annotations` here: FastAPI must see the real `Request` type in route signatures.
@@ -21,6 +26,7 @@ from library.request_models import BadRequest, RetrieveBatchRequest, RetrieveReq
 from library.retrieval import retrieve_batch
 from library.state import Library
 from library.sync import Follower
+from slea.channels import LibraryNotPublished
 from slea.config import SleaConfig, load_config
 from slea.cpu_threads import use_assigned_cpus
 from slea.redis_conn import connect
@@ -45,7 +51,10 @@ class LibraryServer:
         self.cfg = self.config.library
         self.library = Library(self.cfg, Embedder(self.cfg.embedding_model, self.cfg.embedding_cache_size))
         self.follower = Follower(connect(self.config.redis, redis_url), self.config.run.id, self.library)
-        self.follower.sync()
+        try:
+            self.follower.sync()  # load the library now if there is one, so the first answer is quick
+        except LibraryNotPublished as exc:
+            log.info("replica up before any library: %s", exc)
         self.started_at = time.time()
 
     # ---- handle methods (actors) ---------------------------------------------------------------
@@ -74,11 +83,12 @@ class LibraryServer:
             }
 
     def healthz(self) -> dict:
-        return {
-            "ok": True,
-            "library_version": self.follower.sync(),
-            "uptime_s": round(time.time() - self.started_at, 1),
-        }
+        """The replica is up; library_version is null while no library is published."""
+        try:
+            version = self.follower.sync()
+        except LibraryNotPublished:
+            version = None
+        return {"ok": True, "library_version": version, "uptime_s": round(time.time() - self.started_at, 1)}
 
     def _answer(self, observations: list[str], task_types: list[str], parsed) -> list[dict]:
         self.follower.sync()
@@ -130,6 +140,8 @@ class LibraryServer:
             return JSONResponse(call())
         except BadRequest as exc:
             return _error(exc.status, str(exc))
+        except LibraryNotPublished as exc:  # expected until the writer's first snapshot: no traceback
+            return _error(503, str(exc))
         except Exception as exc:  # e.g. Redis gone: say so, keep the replica
             log.exception("library request failed")
             return _error(503, f"library unavailable: {exc}")

@@ -32,7 +32,7 @@ def start_writer(config: SleaConfig, redis_url: str, run_dir: str | Path) -> Lib
 
 
 def start_serve_app(config: SleaConfig, redis_url: str):
-    """Deploy the retrieval app (Ray must be initialised; a writer must have published); returns its handle."""
+    """Deploy the retrieval app (Ray must be initialised; a writer need not have published yet); returns its handle."""
     from ray import serve
 
     if config.library.http_port:

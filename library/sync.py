@@ -18,6 +18,7 @@ import redis
 
 from library.persistence import load_snapshot_text
 from library.state import DeltaGap, Library
+from slea.channels import LibraryNotPublished
 from slea.redis_conn import with_reconnect
 
 
@@ -31,10 +32,6 @@ def snapshot_key(run_id: str) -> str:
 
 def epoch_key(run_id: str) -> str:
     return f"slea:{run_id}:library:epoch"
-
-
-class LibraryNotPublished(RuntimeError):
-    """No writer has published a library for this run yet (start the library consumer first)."""
 
 
 class Publisher:
@@ -68,6 +65,11 @@ class Publisher:
 
         self._retry(replace)
 
+    def published_snapshot(self) -> str | None:
+        """The last snapshot published for this run (by any writer), or None if there is none."""
+        text = self._retry(lambda: self.client.get(snapshot_key(self.run_id)))
+        return None if text is None else text.decode()
+
     def publish_delta(self, delta: dict) -> str:
         payload = {b"d": json.dumps({**delta, "epoch": self.epoch})}
         entry_id = self._retry(lambda: self.client.xadd(deltas_key(self.run_id), payload)).decode()
@@ -84,7 +86,8 @@ class Publisher:
 
 
 class Follower:
-    """Replica side: keeps a Library at the newest published version."""
+    """Replica side: keeps a Library at the newest published version. Before the first snapshot
+    every sync raises LibraryNotPublished, and the first sync after it loads the snapshot."""
 
     def __init__(self, client: redis.Redis, run_id: str, library: Library):
         self.client = client
@@ -100,7 +103,8 @@ class Follower:
         text, epoch = pipe.execute()
         if text is None:
             raise LibraryNotPublished(
-                f"no library writer has started for run {self.run_id} (key {snapshot_key(self.run_id)} is empty)"
+                f"no library published yet for run {self.run_id}: its library writer has not started "
+                f"(Redis key {snapshot_key(self.run_id)} is empty)"
             )
         load_snapshot_text(self.library, text.decode())
         self.epoch = epoch.decode()

@@ -8,9 +8,21 @@ RAY_NAMESPACE = "slea"
 LIBRARY_APP = "slea-library"
 
 
+class LibraryNotPublished(RuntimeError):
+    """The library app is up but no writer has published a library for its run yet: replicas
+    answer this (HTTP 503 with the reason) until the first snapshot; actors go without experiences."""
+
+
 def weight_registry_name(run_id: str) -> str:
     """Ray actor name of a run's weight registry (the learner publishes, actors poll)."""
     return f"slea-weights-{run_id}"
+
+
+def policy_version_key(run_id: str) -> str:
+    """Redis string holding the newest policy version the learner has published: the version line's
+    record that outlives the Ray cluster (the weight registry does not), so a learner started on a
+    new cluster never re-issues a version the stream's records already carry."""
+    return f"slea:{run_id}:policy_version"
 
 
 def inflight_key(run_id: str, worker_index: int) -> str:

@@ -9,14 +9,21 @@ from pathlib import Path
 
 from slea.config import SleaConfig, dump_config
 from slea.embedded_redis import EmbeddedRedis
+from slea.redis_conn import connect
 
 STREAM_GROUPS = ("learner", "library")
+
+
+class RunExists(FileExistsError):
+    """A new run would land on an existing one (its directory, or its stream in an external Redis):
+    starting it would silently merge two runs' steps, checkpoints and library."""
 
 
 def prepare_run_dir(config: SleaConfig, resume_dir: str | None = None) -> Path:
     """<run.dir>/<run.id>/ with the resolved config. Every component (learner checkpoints, library
     snapshots, the embedded Redis data) finds the run there by its id; a new run refuses an
-    existing directory, --resume requires one."""
+    existing directory or an existing stream (checked before anything is written), --resume
+    requires the directory."""
     run_dir = Path(config.run.dir) / config.run.id
     if resume_dir is not None:
         if not (Path(resume_dir) / "config.yaml").is_file():
@@ -24,11 +31,20 @@ def prepare_run_dir(config: SleaConfig, resume_dir: str | None = None) -> Path:
         if Path(resume_dir).resolve() != run_dir.resolve():
             raise FileNotFoundError(f"{resume_dir} holds run '{config.run.id}' at {run_dir}; resume it from there")
         return run_dir
+    another_id = "or choose another run.id (--set run.id=...)"
     if run_dir.exists() and any(run_dir.iterdir()):
-        raise FileExistsError(
-            f"run directory {run_dir} exists: continue it with --resume {run_dir}, "
-            f"or choose another run.id (--set run.id=...)"
-        )
+        raise RunExists(f"run directory {run_dir} exists: continue it with --resume {run_dir}, {another_id}")
+    if config.redis.url:  # an embedded Redis lives in the run directory, which is new
+        client = connect(config.redis)
+        try:
+            taken = client.exists(config.stream_key())
+        finally:
+            client.close()
+        if taken:
+            raise RunExists(
+                f"run '{config.run.id}' already has a stream ({config.stream_key()}) in the configured Redis: "
+                f"continue that run with --resume <its run directory>, {another_id}"
+            )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(config))
     return run_dir

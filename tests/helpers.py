@@ -11,6 +11,9 @@ import numpy as np
 import torch
 from ray.cluster_utils import AutoscalingCluster
 
+from slea.records import decode
+from slea.streams import PAYLOAD_FIELD
+
 
 def forward_logprobs(model, prompt_ids, response_ids, temperature: float = 1.0) -> np.ndarray:
     """Log-probs of `response_ids` recomputed by one teacher-forced forward pass of `model`."""
@@ -79,11 +82,20 @@ def entry_key(entry_id: str) -> tuple[int, int]:
     return int(millis), int(seq)
 
 
+def learner_metrics(run_dir) -> list[dict]:
+    """The learner's own per-step log (<run dir>/learner/metrics.jsonl), across restarts."""
+    path = Path(run_dir) / "learner" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def lineage(trace: list[dict]) -> list[dict]:
     """The learner steps whose updates survived: a restart from a checkpoint at step c writes step
-    c+1 again, which rolls back every line of a step > c before it (those updates died unsaved)."""
+    c+1 again, which rolls back every line of a step > c before it (those updates died unsaved).
+    A `restored` line (a new version for the checkpoint's weights) trains nothing and is left out."""
     kept: list[dict] = []
     for line in trace:
+        if line.get("restored"):
+            continue
         kept = [earlier for earlier in kept if earlier["learner_step"] < line["learner_step"]]
         kept.append(line)
     return kept
@@ -110,8 +122,10 @@ def audit_the_stream(records: dict, client, stream: str, learner_dir: Path, grou
     being durable."""
     trace = [json.loads(line) for line in (learner_dir / "trained_groups.jsonl").read_text().splitlines()]
 
-    # A version number shows twice only when a learner crash lost an update before the registry
-    # recorded it: the restarted learner then publishes that number for the first time.
+    # A number shows twice only when a crash lost an update before it was recorded (by the registry,
+    # or in Redis): the restarted learner then publishes that number for the first time (had it been
+    # recorded, the new learner would have continued after it). A learner on a new Ray cluster
+    # announces its checkpoint's weights under the next number (a `restored` line).
     versions = [line["policy_version"] for line in trace]
     assert versions == sorted(versions), versions
     assert sorted(set(versions)) == list(range(versions[0], versions[-1] + 1)), versions
@@ -161,6 +175,22 @@ def audit_the_stream(records: dict, client, stream: str, learner_dir: Path, grou
     assert {records[entry_id].group_id for entry_id in acked} <= set(trained) | abandoned
     assert all(entry_id in acked for entry_id, record in records.items() if record.group_id in set(trained))
     return StreamAudit(trace, set(trained), abandoned, cut_short, rolled_back)
+
+
+def check_a_broken_run(run_dir, config, client) -> StreamAudit:
+    """After a run broken on purpose (components killed mid-episode, a learner lost between
+    checkpoints; tests/test_fault_tolerance.py, tests/test_cluster_resume.py): the audit of the whole
+    stream, and the marks the breakage must have left: episodes cut short and dropped as abandoned,
+    updates rolled back and trained again, no group dropped for any other reason."""
+    stream = config.stream_key()
+    records = {entry_id.decode(): decode(fields[PAYLOAD_FIELD]) for entry_id, fields in client.xrange(stream)}
+    audit = audit_the_stream(records, client, stream, Path(run_dir) / "learner", config.actors.group_size)
+    assert audit.cut_short, "no episode was cut short: the breakage did not happen mid-episode"
+    assert audit.rolled_back and audit.rolled_back <= audit.trained, "lost updates were not trained again"
+    metrics = learner_metrics(run_dir)
+    assert max(line["groups_dropped_abandoned"] for line in metrics) > 0
+    assert all(line["groups_dropped_stale"] == line["groups_dropped_incomplete"] == 0 for line in metrics)
+    return audit
 
 
 class LocalAutoscalingCluster(AutoscalingCluster):

@@ -9,12 +9,11 @@ every finished episode trained on at most once, nothing acknowledged without its
 durable, abandoned episodes dropped, the policy version line without gap or repeat.
 """
 
-import json
 import time
 
 import pytest
 import ray
-from helpers import audit_the_stream
+from helpers import check_a_broken_run, learner_metrics
 from ray import serve
 
 from actors.pool import ActorPool
@@ -40,7 +39,6 @@ class Run:
         self.config, self.run_dir = config, run_dir
         self.as_dict = config.model_dump(mode="json")
         self.library = LibraryProcess.options(num_cpus=1).remote(self.as_dict, config.redis.url, str(run_dir))
-        ray.get(self.library.stats.remote())  # first snapshot published: replicas can start
         self.library_run = self.library.run.remote()
         start_serve_app(config, config.redis.url)
         self.start_learner()
@@ -83,11 +81,6 @@ def library_replicas() -> list[str]:
         for actor in ray.util.list_named_actors(all_namespaces=True)
         if actor["namespace"] == "serve" and "REPLICA" in actor["name"] and LIBRARY_APP in actor["name"]
     ]
-
-
-def learner_metrics(run) -> list[dict]:
-    path = run.run_dir / "learner" / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 @pytest.fixture
@@ -141,7 +134,10 @@ def test_killing_every_component_loses_nothing_and_trains_nothing_twice(faulty_r
         lambda: any(decode(fields[PAYLOAD_FIELD]).abandoned for _id, fields in client.xrange(stream)),
         "the restarted worker's abandon markers",
     )
-    run.wait(lambda: any(line["groups_dropped_abandoned"] for line in learner_metrics(run)), "the learner to drop them")
+    run.wait(
+        lambda: any(line["groups_dropped_abandoned"] for line in learner_metrics(run.run_dir)),
+        "the learner to drop them",
+    )
 
     # 2. The learner dies between checkpoints (every 2 steps: an odd version is published, not saved);
     # a new one resumes from its checkpoint, re-reads its pending entries and redoes the lost step.
@@ -179,17 +175,4 @@ def test_killing_every_component_loses_nothing_and_trains_nothing_twice(faulty_r
     run.wait(lambda: client.xlen(stream) > length_before + 20, "actors producing after the Redis restart")
 
     run.stop()
-    check_the_counts(run, client, stream)
-
-
-def check_the_counts(run, client, stream):
-    records = {entry_id.decode(): decode(fields[PAYLOAD_FIELD]) for entry_id, fields in client.xrange(stream)}
-    audit = audit_the_stream(records, client, stream, run.run_dir / "learner", run.config.actors.group_size)
-    assert audit.cut_short, "no episode was cut short: the kills did not happen mid-episode"
-    # Updates rolled back by the crash were redone from the re-read pending entries.
-    assert audit.rolled_back and audit.rolled_back <= audit.trained
-
-    # The learner counted its drops: abandoned groups, and nothing dropped for any other reason.
-    metrics = learner_metrics(run)
-    assert max(line["groups_dropped_abandoned"] for line in metrics) > 0
-    assert all(line["groups_dropped_stale"] == line["groups_dropped_incomplete"] == 0 for line in metrics)
+    check_a_broken_run(run.run_dir, run.config, client)

@@ -228,9 +228,8 @@ def _start_library(config: SleaConfig, run_dir):
     library = LibraryProcess.options(num_cpus=1, resources=dict(config.library.resources) or None).remote(
         config.model_dump(mode="json"), config.redis.url, str(run_dir)
     )
-    ray.get(library.stats.remote())  # the writer has published its first snapshot: replicas can start
     run = library.run.remote()
-    start_serve_app(config, config.redis.url)
+    start_serve_app(config, config.redis.url)  # replicas need no library yet: they answer 503 until it is published
     return library, run
 
 

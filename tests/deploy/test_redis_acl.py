@@ -18,7 +18,7 @@ from k8s_render import K8S, entrypoint_config, find, kustomize
 from prometheus_client.parser import text_string_to_metric_families
 
 from library.sync import deltas_key, epoch_key, snapshot_key
-from slea.channels import inflight_key, sync_claims_key
+from slea.channels import inflight_key, policy_version_key, sync_claims_key
 from slea.config import RedisConfig
 from slea.ports import free_port
 from slea.records import StepRecord
@@ -150,6 +150,9 @@ def test_the_system_user_does_what_the_system_does(shipped_redis):
     assert client.hgetall(inflight_key("cluster", 0)) == {b"episode": b"x"}
     client.hdel(inflight_key("cluster", 0), "episode")
     assert client.hincrby(sync_claims_key("cluster"), "3", 1) == 1
+    # the learner's version record (learner/weights.py) and the new-run check (slea/services.py)
+    client.set(policy_version_key("cluster"), 7)
+    assert client.get(policy_version_key("cluster")) == b"7" and client.exists(stream)
 
 
 def test_the_system_user_reaches_the_keys_of_a_submitted_run(shipped_redis):

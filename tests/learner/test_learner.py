@@ -101,6 +101,49 @@ def test_restart_after_consuming_before_checkpoint(tmp_path, redis_client, local
         torch.testing.assert_close(tensor, second.trainer.module.state_dict()[name])
 
 
+def test_a_learner_on_a_new_ray_cluster_never_reissues_a_version(tmp_path, redis_client, local_ray):
+    """The weight registry dies with its Ray cluster; the version recorded in Redis does not. Versions
+    published after the checkpoint (3 here) are carried by records in the stream, so the restarted
+    learner announces its checkpoint's weights as 4 and trains on as 5."""
+    import json
+
+    import ray
+
+    from slea.channels import RAY_NAMESPACE, policy_version_key, weight_registry_name
+
+    cfg = config(tmp_path, "lost-cluster", checkpoint_every=2)
+    producer = StreamProducer(redis_client, cfg.stream_key())
+    model, tokenizer = tiny_model()
+    first = Learner(cfg, redis_client=redis_client, model=model, tokenizer=tokenizer)
+    for name in ("A", "B", "C"):  # B's step is checkpointed (every 2); C's is not
+        producer.send(make_group(model, tokenizer, name, rewards=[1.0, 0.0]))
+        run_until_step(first)
+    first.publisher.flush()
+    assert int(redis_client.get(policy_version_key(cfg.run.id))) == 3
+    del first
+    ray.kill(ray.get_actor(weight_registry_name(cfg.run.id), namespace=RAY_NAMESPACE))  # the cluster is gone
+
+    model, tokenizer = tiny_model()
+    second = Learner(cfg, redis_client=redis_client, model=model, tokenizer=tokenizer)
+    second.publisher.flush()
+    assert (second.learner_step, second.version) == (2, 4)  # B's checkpoint, announced after the lost 3
+    assert second.publisher.latest_version() == 4 and int(redis_client.get(policy_version_key(cfg.run.id))) == 4
+    result = run_until_step(second)
+    assert result.group_ids == ["C"] and result.metrics["policy_version"] == 5
+    second.close()
+    trace = [
+        json.loads(line) for line in (tmp_path / "lost-cluster/learner/trained_groups.jsonl").read_text().splitlines()
+    ]
+    assert [(line["learner_step"], line["policy_version"], line["group_ids"]) for line in trace] == [
+        (1, 1, ["A"]),
+        (2, 2, ["B"]),
+        (3, 3, ["C"]),
+        (2, 4, []),  # restored: the checkpoint's weights under a number of their own
+        (3, 5, ["C"]),  # C's lost update, redone once from its pending entries
+    ]
+    assert trace[3]["restored"] is True
+
+
 def test_run_stops_at_max_steps_with_a_shutdown_checkpoint_and_metrics(tmp_path, redis_client, local_ray):
     cfg = config(tmp_path, "run", max_steps=1)
     model, tokenizer = tiny_model()

@@ -4,8 +4,8 @@ import pytest
 import ray
 import torch
 
-from learner.weights import RayWeightPublisher
-from slea.channels import RAY_NAMESPACE, weight_registry_name
+from learner.weights import RayWeightPublisher, VersionRecord, VersionStart, resume_version
+from slea.channels import RAY_NAMESPACE, policy_version_key, weight_registry_name
 
 
 def test_publish_and_fetch_latest(local_ray):
@@ -31,3 +31,31 @@ def test_versions_never_repeat_and_survive_a_new_publisher(local_ray):
     second.publish(5, {"w": torch.zeros(1)})
     with pytest.raises(ray.exceptions.RayTaskError, match="not newer"):
         second.flush()
+
+
+@pytest.mark.parametrize(
+    "checkpoint, registry, recorded, expected",
+    [
+        (0, -1, -1, VersionStart(0, publish=True)),  # the first start: the initial weights are version 0
+        (2, 3, 3, VersionStart(3, publish=False)),  # learner restarted, registry alive: continue after 3
+        (2, 3, -1, VersionStart(3, publish=False)),  # the same, for a run from before the Redis record
+        (3, -1, 3, VersionStart(3, publish=True)),  # resumed after a stop: the checkpoint is version 3
+        (3, -1, -1, VersionStart(3, publish=True)),  # ... and without a record
+        (2, -1, 3, VersionStart(4, publish=True)),  # cluster lost after 3 was published: 3 is taken
+        (2, 2, 3, VersionStart(4, publish=True)),  # 3 recorded, the registry never got it: still taken
+        (5, 3, 4, VersionStart(5, publish=True)),  # a checkpoint newer than the registry (its last publish lost)
+    ],
+)
+def test_resume_version_never_reuses_a_number_and_skips_none(checkpoint, registry, recorded, expected):
+    assert resume_version(checkpoint, registry, recorded) == expected
+
+
+def test_every_publish_is_recorded_in_redis_before_the_registry_announces_it(local_ray, redis_client):
+    record = VersionRecord(redis_client, "weights-record")
+    assert record.latest() == -1
+    publisher = RayWeightPublisher("weights-record", record=record)
+    publisher.publish(1, {"w": torch.ones(1)})
+    assert redis_client.get(policy_version_key("weights-record")) == b"1"  # at once, not after the registry
+    publisher.publish(2, {"w": torch.ones(1)})
+    publisher.flush()
+    assert record.latest() == publisher.latest_version() == 2

@@ -304,3 +304,31 @@ def test_restart_resumes_from_snapshot_and_pending_entries_without_double_counti
     assert Follower(redis_client, cfg.run.id, replica).sync() == 2 and set(replica.experiences) == set(
         third.library.experiences
     )
+
+
+def test_a_writer_with_an_empty_run_directory_restores_the_library_redis_last_served(
+    redis_client, embedder, policy_tokenizer, tmp_path
+):
+    """A library pod that comes back without its run directory must continue the run's library,
+    not publish an empty one over what the replicas serve."""
+    cfg = config(snapshot_every=1)
+    episodes = group_of("g1", version=0) + group_of("g2", version=0) + group_of("g3", version=1)
+    first = writer_for(cfg, redis_client, tmp_path / "lost", embedder, policy_tokenizer)
+    produce(redis_client, cfg, episodes)
+    drain(first)
+    first.shutdown()
+    served = ({e.id: e.text for e in first.library.experiences.values()}, first.library.version)
+    assert served[1] >= 2 and pending(redis_client, cfg) == 0
+
+    second = writer_for(cfg, redis_client, tmp_path / "empty", embedder, policy_tokenizer)
+    assert ({e.id: e.text for e in second.library.experiences.values()}, second.library.version) == served
+    assert second.library.counters == first.library.counters
+    assert latest_snapshot(tmp_path / "empty").name == f"v{served[1]:09d}.jsonl"  # the directory holds it again
+    replica = Library(cfg.library, embedder)
+    assert Follower(redis_client, cfg.run.id, replica).sync() == served[1] and set(replica.experiences) == set(
+        served[0]
+    )
+    # The episodes it holds came with it: delivered again (a retried XADD, a reset group), they are only acked.
+    produce(redis_client, cfg, episodes)
+    drain(second)
+    assert second.library.version == served[1] and pending(redis_client, cfg) == 0

@@ -1,0 +1,244 @@
+"""A run outlives its whole Ray cluster (issue 13, item 4): `slea train` on a Ray head started as a
+process of its own and an external Redis (AOF on) trains a few steps with checkpoints and library
+snapshots; then the driver is SIGKILLed and the cluster stopped with `ray stop --force` (the
+learner, the library writer, Serve, the actors and the weight registry all go at once, nothing
+gets to shut down). On a new cluster `slea train --resume RUN_DIR` continues: the learner from its
+checkpoint, the library from its snapshot, the version line continuous (no number given twice,
+none skipped), nothing trained twice, the rolled-back updates redone from the re-read entries.
+
+`ray stop --force` stops every Ray on the machine: run this test alone (CI does; on a shared
+machine, under the heavy lock).
+"""
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import check_a_broken_run, lineage
+
+from library.persistence import latest_snapshot, parse_snapshot
+from slea.channels import policy_version_key
+from slea.config import load_config
+from slea.ports import free_port
+from slea.records import decode
+from slea.streams import PAYLOAD_FIELD
+
+pytestmark = pytest.mark.slow
+SLEA = [sys.executable, "-m", "slea.driver.cli"]
+BIN = Path(sys.executable).parent  # the venv's `ray`, first on PATH for `ray start` and its workers
+CHECKPOINT_EVERY = 3  # the cluster goes between two checkpoints: a step or two are lost and redone
+
+
+class Cluster:
+    """A local Ray cluster as its own processes (`ray start --head`), outliving any driver."""
+
+    def __init__(self, env: dict):
+        self.marker = f"slea-resume-{uuid.uuid4().hex}"  # in the environment of every process of the cluster
+        self.env = {**env, "SLEA_TEST_CLUSTER": self.marker}
+        self.address: str | None = None
+
+    def signal_actors(self, actor_class: str, signum: int) -> int:
+        """Send `signum` to this cluster's worker processes of `actor_class`; returns how many got it.
+        SIGSTOP freezes the learner, so the kill lands in the state the test read (a tiny model trains
+        several steps a second), SIGCONT lets it go on."""
+        sent = 0
+        for process in psutil.process_iter(["name", "cmdline"]):
+            try:
+                title = " ".join(process.info["cmdline"] or [process.info["name"] or ""])
+                if (
+                    title.startswith(f"ray::{actor_class}")
+                    and process.environ().get("SLEA_TEST_CLUSTER") == self.marker
+                ):
+                    process.send_signal(signum)
+                    sent += 1
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return sent
+
+    def start(self) -> str:
+        port = free_port()
+        subprocess.run(
+            [BIN / "ray", "start", "--head", f"--port={port}", "--num-cpus=4"]
+            + ["--include-dashboard=false", "--disable-usage-stats"],
+            env=self.env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        self.address = f"127.0.0.1:{port}"
+        return self.address
+
+    def stop(self) -> None:
+        subprocess.run([BIN / "ray", "stop", "--force"], env=self.env, capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def cluster():
+    # Token authentication, as on KubeRay (deploy/k8s): explicit, so the test does not depend on
+    # whether this machine holds a ~/.ray/auth_token (`ray start` turns auth on when it does).
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+    }
+    ray_cluster = Cluster(env)
+    yield ray_cluster
+    ray_cluster.stop()
+
+
+def trace_of(run_dir: Path) -> list[dict]:
+    path = run_dir / "learner" / "trained_groups.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+def checkpoint_state(run_dir: Path) -> dict:
+    root = run_dir / "learner" / "checkpoints"
+    return json.loads((root / (root / "latest").read_text().strip() / "state.json").read_text())
+
+
+def log_tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-3000:] if path.exists() else "(no output)"
+
+
+def test_a_run_resumes_after_its_whole_ray_cluster_is_gone(cluster, tmp_path, redis_client, redis_url, tiny_model_dir):
+    run_dir = tmp_path / "resume"
+    settings = [
+        f"run.dir={tmp_path}",
+        "run.id=resume",
+        f"redis.url={redis_url}",
+        f"ray.address={cluster.start()}",
+        f"model.name={tiny_model_dir}",
+        "model.max_new_tokens=8",
+        "envs.max_steps=3",
+        "envs.panel_size=4",
+        "actors.num_workers=2",
+        "actors.envs_per_worker=2",
+        "actors.group_size=2",
+        "actors.num_cpus=0.5",
+        "actors.max_staleness=1000",
+        "learner.tasks_per_step=1",
+        f"learner.checkpoint_every={CHECKPOINT_EVERY}",
+        "learner.max_steps=1000",
+        "learner.max_staleness=1000",
+        "library.snapshot_every=1",
+        "library.http_port=0",
+        "eval.every=0",
+        "monitoring.tensorboard=false",
+        "monitoring.plots=false",
+    ]
+    config = load_config("configs/local.yaml", settings)
+    stream = config.stream_key()
+    first_log = tmp_path / "first.log"
+    with first_log.open("w") as out:
+        driver = subprocess.Popen(
+            [*SLEA, "train", "configs/local.yaml", *(f"--set={s}" for s in settings)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=cluster.env,
+        )
+
+    # An audit group that never reads: the driver trims only what every group acknowledged, so the
+    # whole stream stays for the counts. Created as soon as the driver made the stream (a stream that
+    # exists before the run would be refused), tens of seconds before the first entry.
+    while not redis_client.exists(stream):
+        assert driver.poll() is None, f"slea train exited early ({driver.returncode}):\n{log_tail(first_log)}"
+        time.sleep(0.05)
+    redis_client.xgroup_create(stream, "audit", id="0")
+
+    # Train until a step past a checkpoint, with a library snapshot on disk: then the cluster goes,
+    # the learner frozen first so that it dies between checkpoints.
+    deadline = time.monotonic() + 240
+    while True:
+        trace = trace_of(run_dir)
+        if trace and trace[-1]["learner_step"] > CHECKPOINT_EVERY and latest_snapshot(run_dir) is not None:
+            if cluster.signal_actors("LearnerProcess", signal.SIGSTOP) == 1:
+                if trace_of(run_dir)[-1]["learner_step"] % CHECKPOINT_EVERY != 0:
+                    break
+                cluster.signal_actors("LearnerProcess", signal.SIGCONT)  # frozen on a checkpoint: a little further
+        assert driver.poll() is None, f"slea train exited early ({driver.returncode}):\n{log_tail(first_log)}"
+        assert time.monotonic() < deadline, f"no step past a checkpoint in 240 s:\n{log_tail(first_log)}"
+        time.sleep(0.2)
+    driver.kill()
+    driver.wait()
+    cluster.stop()
+
+    before = trace_of(run_dir)
+    saved = checkpoint_state(run_dir)
+    recorded = int(redis_client.get(policy_version_key(config.run.id)))
+    last_entry = redis_client.xrevrange(stream, count=1)[0][0]
+    pending = {group: redis_client.xpending(stream, group)["pending"] for group in ("learner", "library")}
+    snapshot_header = parse_snapshot(latest_snapshot(run_dir).read_text())[0]
+    metrics_lines = len((run_dir / "metrics.jsonl").read_text().splitlines())
+    assert before[-1]["learner_step"] > saved["learner_step"], "the kill should cut updates short of a checkpoint"
+    assert recorded == before[-1]["policy_version"], "every traced version is recorded in Redis"
+
+    # A new cluster; the run continues from its directory and its stream.
+    started_at = time.time()
+    new_address = cluster.start()
+    resumed_at = time.time()
+    target = before[-1]["learner_step"] + 2  # redo the rolled-back steps, then two new ones
+    second_log = tmp_path / "second.log"
+    with second_log.open("w") as out:
+        resumed = subprocess.run(
+            [*SLEA, "train", "--resume", str(run_dir), f"--set=ray.address={new_address}"]
+            + [f"--set=learner.max_steps={target}"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=cluster.env,
+            timeout=300,
+        )
+    assert resumed.returncode == 0, log_tail(second_log)
+
+    trace = trace_of(run_dir)
+    after = trace[len(before) :]
+    restored, first_trained = after[0], after[1]
+    # The learner: from its checkpoint, its weights announced under the next number after the
+    # recorded one (the registry died with the cluster), the lost updates redone once.
+    assert restored.get("restored") and restored["learner_step"] == saved["learner_step"]
+    assert restored["policy_version"] == recorded + 1
+    assert first_trained["learner_step"] == saved["learner_step"] + 1
+    assert first_trained["policy_version"] == recorded + 2
+    versions = [line["policy_version"] for line in trace]
+    assert versions == list(range(1, versions[-1] + 1)), f"the version line has a repeat or a gap: {versions}"
+    assert lineage(trace)[-1]["learner_step"] == target
+    # No record written on the new cluster carries a number the old one used for other weights
+    # (version 0, the initial model, is the same weights on both).
+    new_records = [
+        decode(fields[PAYLOAD_FIELD]) for _id, fields in redis_client.xrange(stream, min=f"({last_entry.decode()}")
+    ]
+    reissued = {r.policy_version for r in new_records if not r.abandoned and 0 < r.policy_version <= recorded}
+    assert new_records and not reissued, f"versions re-issued on the new cluster: {sorted(reissued)}"
+
+    # The library: from its snapshot, not empty, and on from there.
+    resumed_lines = [
+        line for line in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()[metrics_lines:])
+    ]
+    library_versions = [line["library/version"] for line in resumed_lines if "library/version" in line]
+    assert library_versions and library_versions[0] >= snapshot_header["version"], library_versions
+    final_header = parse_snapshot(latest_snapshot(run_dir).read_text())[0]
+    assert set(snapshot_header["applied_episodes"]) <= set(final_header["applied_episodes"])
+
+    check_a_broken_run(run_dir, config, redis_client)
+    rolled_back = [line for line in before if line["learner_step"] > saved["learner_step"]]
+    print(
+        f"\ncluster resume: steps before the kill {before[-1]['learner_step']} (checkpoint at step "
+        f"{saved['learner_step']}, version {saved['version']}; versions recorded up to {recorded}); "
+        f"{len(rolled_back)} step(s) rolled back and redone; entries re-read: learner {pending['learner']}, "
+        f"library {pending['library']}; library snapshot v{snapshot_header['version']} "
+        f"({len(snapshot_header['applied_episodes'])} episodes) -> v{final_header['version']}; "
+        f"new cluster up in {resumed_at - started_at:.1f} s; "
+        f"restored weights as version {restored['policy_version']} {restored['at'] - resumed_at:.1f} s after "
+        f"`slea train --resume`, first step (step {first_trained['learner_step']}, version "
+        f"{first_trained['policy_version']}) after {first_trained['at'] - resumed_at:.1f} s; "
+        f"steps after {trace[-1]['learner_step']}, versions 1..{versions[-1]}"
+    )
