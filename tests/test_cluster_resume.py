@@ -127,13 +127,14 @@ def test_a_run_resumes_after_its_whole_ray_cluster_is_gone(cluster, tmp_path, re
         "actors.num_cpus=0.5",
         "actors.max_staleness=1000",
         "learner.tasks_per_step=1",
+        "learner.num_cpus=1",
         f"learner.checkpoint_every={CHECKPOINT_EVERY}",
         "learner.max_steps=1000",
         "learner.max_staleness=1000",
         "library.snapshot_every=1",
         "library.http_port=0",
         "eval.every=0",
-        "monitoring.tensorboard=false",
+        "monitoring.sinks=[jsonl]",
         "monitoring.plots=false",
     ]
     config = load_config("configs/local.yaml", settings)

@@ -182,13 +182,14 @@ def test_slea_scale_grows_and_shrinks_the_pool_across_autoscaled_nodes(cluster, 
         "actors.max_staleness=1000",  # every group is trained or abandoned: the audit counts no stale drops
         "actors.resources={actor_pool: 1}",
         "learner.tasks_per_step=1",
+        "learner.num_cpus=1",
         "learner.max_steps=100000",
         "learner.max_staleness=1000",
         "learner.resources={learner_pool: 1}",
         "library.resources={library_pool: 1}",
         "library.http_port=0",
         "eval.every=0",
-        "monitoring.tensorboard=false",
+        "monitoring.sinks=[jsonl]",
         "monitoring.plots=false",
     ]
     stream = f"slea:{run_id}:steps"

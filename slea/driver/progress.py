@@ -63,6 +63,7 @@ class Progress:
         self.latest_eval: tuple[int, float | None] | None = None
         # (learner step, episodes played, episodes in the evaluation) of the one running, if any
         self.eval_running: tuple[int, int, int] | None = None
+        self._eval_logged: tuple[int, int, int] | None = None  # the progress of the last log line
         self._eval_logged_at = 0.0
 
     def add_step(self, metrics: dict) -> None:
@@ -85,11 +86,14 @@ class Progress:
         )
 
     def eval_progress(self, progress: tuple[int, int, int] | None) -> str | None:
-        """Record the running evaluation's progress; returns a log line when one is due (logs only)."""
+        """Record the running evaluation's progress; returns a log line when it has moved since the
+        last one and that was at least EVAL_PROGRESS_EVERY_S ago (logs only: the table shows every count)."""
         self.eval_running = progress
-        if progress is None or time.monotonic() - self._eval_logged_at < EVAL_PROGRESS_EVERY_S:
+        if progress is None or progress == self._eval_logged:
             return None
-        self._eval_logged_at = time.monotonic()
+        if time.monotonic() - self._eval_logged_at < EVAL_PROGRESS_EVERY_S:
+            return None
+        self._eval_logged, self._eval_logged_at = progress, time.monotonic()
         return eval_progress_text(*progress)
 
     def table(self, pool: list[dict], lag: int, library: dict | None) -> Table:

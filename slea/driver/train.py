@@ -125,6 +125,8 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
             ignore_reinit_error=True,
             logging_level=logging.WARNING,  # our own lines say what starts; Ray's INFO lines would bury them
         )
+    from ray import serve  # noqa: F401  (imported first: importing it sets its driver-side logger to INFO)
+
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     if config.monitoring.metrics_port is None:
         use_ray_metrics()  # the driver's gauges (stream lag) go out through Ray's metrics port too
@@ -164,7 +166,13 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
             f"{actors.num_workers} actor worker(s) x {actors.envs_per_worker} envs ({actors.engine}) play {config.envs.name} "
             f"in groups of {actors.group_size}; each learner step trains on {config.learner.tasks_per_step} group(s)"
         )
-        with Live(console=console.console, refresh_per_second=1, transient=False) as live:
+        # Off a terminal (CI, kubectl logs, a pipe) the step, evaluation and pool lines are the display.
+        live = (
+            Live(console=console.console, refresh_per_second=1, transient=False)
+            if console.console.is_terminal
+            else None
+        )
+        with live or contextlib.nullcontext():
             while True:
                 done, _ = ray.wait(learner_runs, timeout=POLL_S)  # any rank returning ends the learner
                 pool.supervise()
@@ -185,7 +193,8 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
                 if evals is not None:
                     _record_evals(evals.poll(), progress, recorder, console)
                     _show_eval_progress(evals, progress, console)
-                live.update(progress.table(summaries, lags.get("learner", 0), stats))
+                if live is not None:
+                    live.update(progress.table(summaries, lags.get("learner", 0), stats))
                 if done:
                     ray.get(learner_runs)  # surfaces a learner failure (on any rank)
                     break

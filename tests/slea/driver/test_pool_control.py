@@ -30,7 +30,7 @@ def test_a_learner_waiting_for_groups_grows_the_pool(tmp_path, tiny_model_dir):
         "learner.tasks_per_step=2",
         "learner.max_steps=8",
         "eval.every=0",
-        "monitoring.tensorboard=false",
+        "monitoring.sinks=[jsonl]",
         "monitoring.plots=false",
     ]
     result = subprocess.run(

@@ -77,4 +77,7 @@ def test_evaluation_progress_names_the_policy_and_logs_at_most_every_few_seconds
     assert progress.eval_progress((0, 1, 16)) is not None
     assert progress.eval_progress((0, 2, 16)) is None  # too soon after the last line
     assert progress.eval_running == (0, 2, 16)  # the live table still shows the newest count
+    progress._eval_logged_at -= 60  # as if a minute had passed
+    assert progress.eval_progress((0, 1, 16)) is None  # no news: no line
+    assert progress.eval_progress((0, 3, 16)) is not None
     assert progress.eval_progress(None) is None and progress.eval_running is None
