@@ -457,7 +457,10 @@ class EvalConfig(_Section):
         ge=1,
         description="Panel tasks played while training (null = envs.panel_size); training holds out the larger of the two.",
     )
-    samples_per_task: int = Field(2, ge=1, description="Sampled episodes per panel task (plus one greedy).")
+    samples_per_task: int = Field(
+        2, ge=1, description="Sampled episodes per panel task (plus one greedy unless greedy is false)."
+    )
+    greedy: bool = Field(True, description="Also play one greedy episode per panel task (the eval/greedy/... rows).")
     library: bool = Field(True, description="Also play with the run's live library, when the run has one.")
     max_batch: int = Field(16, ge=1, description="Generations batched together by the evaluator's engine.")
     num_cpus: float = Field(1.0, ge=0, description="Ray CPUs of the evaluator.")

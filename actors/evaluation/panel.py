@@ -73,6 +73,11 @@ class PanelSettings:
     budgets: list[int]  # T values of the grid, each <= step_budget
     retrieval_mode: str = "step"  # "step": retrieve every step; "task": once at step 0
     max_concurrent: int = 64  # episodes in flight at once (each holds one env)
+    greedy: bool = True  # also play one greedy episode per task (False: the greedy rows are not played)
+
+    @property
+    def decodings(self) -> tuple[str, ...]:
+        return DECODINGS if self.greedy else ("sampled",)
 
 
 @dataclass
@@ -144,7 +149,7 @@ async def play_panel(
     wall_s, tokens = {}, {}
     misses_before = retrieval.misses if retrieval is not None else 0
     base_sampling = engine.sampling
-    in_all = len(library_modes) * len(tasks) * (settings.samples_per_task + 1)  # + 1: the greedy episode
+    in_all = len(library_modes) * len(tasks) * (settings.samples_per_task + settings.greedy)  # + the greedy episode
     played = 0
 
     async def play(task: EnvTask, decoding: str, library: bool, sample: int, timers: StepTimers) -> EpisodeOutcome:
@@ -186,7 +191,7 @@ async def play_panel(
         )
 
     try:
-        for decoding in DECODINGS:
+        for decoding in settings.decodings:
             temperature = settings.temperature if decoding == "sampled" else 0.0
             engine.sampling = dataclasses.replace(base_sampling, temperature=temperature)
             episodes_per_task = settings.samples_per_task if decoding == "sampled" else 1
@@ -214,6 +219,8 @@ async def play_panel(
         task_types[task.task_type] += 1
     rows = [
         summarise_mode(outcomes, decoding, library, settings, retrieval is not None, library_note)
+        if decoding in settings.decodings
+        else ModeSummary(decoding, library, available=False, note="not played: greedy decoding is off")
         for library in (False, True)
         for decoding in DECODINGS
     ]

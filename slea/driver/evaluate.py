@@ -100,6 +100,7 @@ def evaluate_engine(
     facts: dict | None = None,
     env_pool: list | None = None,
     on_episode: Callable[[int, int], None] | None = None,
+    greedy: bool = True,
 ) -> EvalReport:
     """Play the panel of `env_name` (default config.envs.name) through `engine`; writes the report if
     `out_dir`. With `env_pool` the envs are taken from and left in it, and `on_episode(played, in all)`
@@ -118,6 +119,7 @@ def evaluate_engine(
         ks=ks or default_ks(samples_per_task),
         budgets=budgets or default_budgets(step_budget),
         retrieval_mode=config.actors.retrieval_mode if config.actors.retrieval_mode in ("step", "task") else "step",
+        greedy=greedy,
     )
     builder = PromptBuilder.from_config(engine.tokenizer, config)
     result = asyncio.run(

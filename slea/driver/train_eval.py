@@ -128,6 +128,7 @@ class PanelEvaluator:
                 facts={"model": cfg.model.name, "learner_step": learner_step, "policy_version": version},
                 env_pool=self.env_pool,
                 on_episode=lambda played, episodes: setattr(self, "_progress", (learner_step, played, episodes)),
+                greedy=cfg.eval.greedy,
             ).report
         finally:
             self._progress = None

@@ -134,3 +134,25 @@ def test_tiny_model_plays_a_frozenlake_panel_into_a_consistent_report(engine, tm
     for name in ("success_plot", "pass_plot"):
         image = imread(files[name])
         assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_without_greedy_only_the_sampled_rows_are_played(engine):
+    env = make_env("frozenlake", max_steps=3)
+    tasks = panel_tasks(env, "default", size=2)
+    settings = PanelSettings(samples_per_task=1, step_budget=3, temperature=1.0, ks=[1], budgets=[3], greedy=False)
+    heard = []
+    result = asyncio.run(
+        play_panel(
+            engine,
+            lambda: make_env("frozenlake", max_steps=3),
+            tasks,
+            PromptBuilder(engine.tokenizer, history_length=1),
+            None,
+            settings,
+            "no library in this test",
+            on_episode=lambda played, in_all: heard.append((played, in_all)),
+        )
+    )
+    assert {o.decoding for o in result.outcomes} == {"sampled"} and heard[-1] == (2, 2)
+    greedy = [row for row in result.rows if row.decoding == "greedy"]
+    assert greedy and all(not row.available and row.note == "not played: greedy decoding is off" for row in greedy)
