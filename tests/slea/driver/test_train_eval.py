@@ -4,6 +4,7 @@ The evaluator itself (engine, registry weights, panel) runs in tests/test_end_to
 """
 
 import threading
+import time
 
 import pytest
 import ray
@@ -90,6 +91,14 @@ class GatedEvaluator:
         return (self.started[-1], 1, 2) if self.started else None
 
 
+def _wait_until_started(evaluator) -> None:
+    """The request is sent; the actor runs it a moment later (until then it has nothing to report)."""
+    deadline = time.monotonic() + 30
+    while not ray.get(evaluator.started_steps.remote()):
+        assert time.monotonic() < deadline, "the evaluation never started"
+        time.sleep(0.05)
+
+
 def _finish_one(evaluator, schedule) -> list:
     evaluator.open_gate.remote()
     return schedule.poll(timeout_s=30)
@@ -104,6 +113,7 @@ def test_schedule_runs_one_at_a_time_and_a_newer_request_replaces_a_waiting_one(
     schedule.on_learner_step(4)  # replaces step 2 while it waits
     schedule.on_learner_step(4)  # asked once only
     assert schedule.poll() == [] and schedule.busy
+    _wait_until_started(evaluator)
     assert schedule.progress() == (0, 1, 2)  # the running evaluation's own count
     assert _finish_one(evaluator, schedule)[0] == (0, {HEADLINE: 0.0})
     finished = _finish_one(evaluator, schedule)
