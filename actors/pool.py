@@ -78,10 +78,12 @@ class ActorWorkerProcess:
         return False
 
     async def stop(self) -> dict:
-        """Start no new groups, abandon the ones in flight, return the worker's summary."""
+        """Start no new groups, abandon the ones in flight, release the engine (vLLM's processes
+        end with it rather than outlive the actor when the pool kills it), return the summary."""
         self.worker.stop()
         if self._run is not None:
             await self._run
+        self.worker.engine.close()
         return self.worker.summary()
 
     def summary(self) -> dict:

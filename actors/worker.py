@@ -355,6 +355,7 @@ class ActorWorker:
         timers = self.stats.timers
         return {
             "worker": self.worker_index,
+            "engine": self.engine.name,
             "policy_version": self.engine.policy_version,
             "retrieval_misses": self.retrieval.misses if self.retrieval is not None else 0,
             **{k: v for k, v in vars(self.stats).items() if k != "timers"},

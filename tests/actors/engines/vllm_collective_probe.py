@@ -1,4 +1,4 @@
-"""Run under the vLLM interpreter (.venv-vllm, or any venv with vllm): drive VllmEngine on a
+"""Run by the vLLM engine tests in a subprocess (an interpreter with vllm): drive VllmEngine on a
 checkpoint, generate, join the test's weight group (the test is the learner, rank 0), receive
 the broadcast weights as version 3, generate again, and write both as JSON.
 

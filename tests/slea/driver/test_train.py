@@ -3,7 +3,7 @@
 from slea.driver.train import run_metrics
 
 
-def test_a_line_sums_the_workers_busy_and_throttled_seconds():
+def test_a_line_sums_the_workers_busy_and_throttled_seconds_and_their_tokens_by_engine():
     learner = {
         "learner_step": 3,
         "loss": 0.5,
@@ -12,7 +12,10 @@ def test_a_line_sums_the_workers_busy_and_throttled_seconds():
         "episodes/pick/successes": 1,
         "episode_length_mean": 3.5,
     }
-    pool = [{"busy_s": 2.5, "throttled_s": 1.0}, {"busy_s": 4.0, "throttled_s": 0.25}]
+    pool = [
+        {"busy_s": 2.5, "throttled_s": 1.0, "engine": "vllm", "timers": {"tokens": 30}},
+        {"busy_s": 4.0, "throttled_s": 0.25, "engine": "vllm", "timers": {"tokens": 12}},
+    ]
     line = run_metrics(learner, {"learner": 7}, None, pool)
     assert line == {
         "learner/learner_step": 3,
@@ -26,5 +29,6 @@ def test_a_line_sums_the_workers_busy_and_throttled_seconds():
         "stream/lag/learner": 7,
         "actors/busy_s": 6.5,
         "actors/throttled_s": 1.25,
+        "actors/tokens/vllm": 42,
     }
     assert "actors/busy_s" not in run_metrics(learner, {}, None)  # the shutdown drain has no summaries
