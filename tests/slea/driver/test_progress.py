@@ -67,7 +67,10 @@ def test_the_summary_says_what_changed_what_the_library_holds_and_where_things_a
         "library v5: 3 strategies, 4 warnings, 9 clusters; of 40 training prompts 6 showed strategies and 11 warnings"
     )
     assert str(run_dir / "plots") in lines[4] and str(run_dir / "ck" / "hf") in lines[5]
-    assert lines[6].startswith("next: slea library show") and "--set learner.max_steps=6" in lines[6]
+    assert (
+        lines[6].startswith("next: slea library show")
+        and f"--set learner.max_steps={2 * config.learner.max_steps}" in lines[6]
+    )
 
 
 def test_evaluation_progress_names_the_policy_and_logs_at_most_every_few_seconds():
