@@ -15,6 +15,22 @@ from slea.records import decode
 from slea.streams import PAYLOAD_FIELD
 
 
+def tiny_run(run_dir, run_id: str, model_dir) -> list[str]:
+    """The `--set` settings every whole-run test starts from: configs/local.yaml played by the tiny
+    model, 3-step episodes, groups of 2 on 2 envs a worker, a 4-task panel; each test adds what it
+    is about (workers, checkpoints, resources, sinks)."""
+    return [
+        f"run.dir={run_dir}",
+        f"run.id={run_id}",
+        f"model.name={model_dir}",
+        "model.max_new_tokens=8",
+        "envs.max_steps=3",
+        "envs.panel_size=4",
+        "actors.envs_per_worker=2",
+        "actors.group_size=2",
+    ]
+
+
 def forward_logprobs(model, prompt_ids, response_ids, temperature: float = 1.0) -> np.ndarray:
     """Log-probs of `response_ids` recomputed by one teacher-forced forward pass of `model`."""
     ids = torch.tensor([list(prompt_ids) + list(response_ids)])

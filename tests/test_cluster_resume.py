@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import check_a_broken_run, lineage
+from helpers import check_a_broken_run, lineage, tiny_run
 
 from library.persistence import latest_snapshot, parse_snapshot
 from slea.channels import policy_version_key
@@ -113,17 +113,10 @@ def log_tail(path: Path) -> str:
 def test_a_run_resumes_after_its_whole_ray_cluster_is_gone(cluster, tmp_path, redis_client, redis_url, tiny_model_dir):
     run_dir = tmp_path / "resume"
     settings = [
-        f"run.dir={tmp_path}",
-        "run.id=resume",
+        *tiny_run(tmp_path, "resume", tiny_model_dir),
         f"redis.url={redis_url}",
         f"ray.address={cluster.start()}",
-        f"model.name={tiny_model_dir}",
-        "model.max_new_tokens=8",
-        "envs.max_steps=3",
-        "envs.panel_size=4",
         "actors.num_workers=2",
-        "actors.envs_per_worker=2",
-        "actors.group_size=2",
         "actors.num_cpus=0.5",
         "actors.max_staleness=1000",
         "learner.tasks_per_step=1",

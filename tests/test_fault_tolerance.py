@@ -13,7 +13,7 @@ import time
 
 import pytest
 import ray
-from helpers import check_a_broken_run, learner_metrics
+from helpers import check_a_broken_run, learner_metrics, tiny_run
 from ray import serve
 
 from actors.pool import ActorPool
@@ -89,16 +89,9 @@ def faulty_run(tmp_path, tiny_model_dir):
     config = load_config(
         "configs/local.yaml",
         [
-            f"run.dir={tmp_path}",
-            "run.id=faults",
+            *tiny_run(tmp_path, "faults", tiny_model_dir),
             f"redis.url={server.url}",
-            f"model.name={tiny_model_dir}",
-            "model.max_new_tokens=8",
-            "envs.max_steps=3",
-            "envs.panel_size=4",
             "actors.num_workers=2",
-            "actors.envs_per_worker=2",
-            "actors.group_size=2",
             "actors.num_cpus=0.5",
             "actors.max_staleness=1000",
             "actors.retrieval_timeout_s=0.5",

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import ray
 import redis
-from helpers import LocalAutoscalingCluster, audit_the_stream, lineage
+from helpers import LocalAutoscalingCluster, audit_the_stream, lineage, tiny_run
 
 from slea.channels import inflight_key
 from slea.records import decode
@@ -168,17 +168,10 @@ def test_slea_scale_grows_and_shrinks_the_pool_across_autoscaled_nodes(cluster, 
     address, run_id = cluster, "multinode"
     run_dir, log_path = tmp_path / run_id, tmp_path / "train.log"
     settings = [
-        f"run.dir={tmp_path}",
-        f"run.id={run_id}",
+        *tiny_run(tmp_path, run_id, tiny_model_dir),
         f"redis.url={redis_url}",
         f"ray.address={address}",
-        f"model.name={tiny_model_dir}",
-        "model.max_new_tokens=8",
-        "envs.max_steps=3",
-        "envs.panel_size=4",
         "actors.num_workers=1",
-        "actors.envs_per_worker=2",
-        "actors.group_size=2",
         "actors.max_staleness=1000",  # every group is trained or abandoned: the audit counts no stale drops
         "actors.resources={actor_pool: 1}",
         "learner.tasks_per_step=1",

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import tiny_run
 
 from slea.driver.run_outputs import read_metrics
 
@@ -15,15 +16,8 @@ def test_a_learner_waiting_for_groups_grows_the_pool(tmp_path, tiny_model_dir):
     # One worker plays one group of 2 at a time and the learner wants 2 groups per step: it waits
     # most of its time (a tiny model trains in milliseconds), so the first decision grows the pool.
     settings = [
-        f"run.dir={tmp_path}",
-        "run.id=autoscale",
-        f"model.name={tiny_model_dir}",
-        "model.max_new_tokens=8",
-        "envs.max_steps=3",
-        "envs.panel_size=4",
+        *tiny_run(tmp_path, "autoscale", tiny_model_dir),
         "actors.num_workers=1",
-        "actors.envs_per_worker=2",
-        "actors.group_size=2",
         "actors.autoscale.min_workers=1",
         "actors.autoscale.max_workers=2",
         "actors.autoscale.interval_s=4",
