@@ -110,8 +110,7 @@ async def _play_then_replay(
     prompts = [
         decode(fields[PAYLOAD_FIELD]).prompt_ids.tolist() for _id, fields in client.xrange(worker.config.stream_key())
     ]
-    if hasattr(engine, "reset_prefix_cache"):  # vLLM cached these prompts while the worker played them
-        await engine.reset_prefix_cache()
+    await engine.reset_prefix_cache()  # vLLM cached these prompts while the worker played them
     raw_started = time.perf_counter()
     raw_tokens = 0
     for start in range(0, len(prompts), group_size):

@@ -62,6 +62,10 @@ class GenerationEngine(ABC):
     def close(self) -> None:  # noqa: B027 (a default no-op, not abstract: most need nothing)
         """Release the engine's resources."""
 
+    async def reset_prefix_cache(self) -> None:  # noqa: B027 (a default no-op: only vLLM caches prompts)
+        """Forget the KV cached for earlier prompts, so that replaying them (`slea bench actors`)
+        prefills them again."""
+
 
 def check_weight_names(given: Iterable[str], expected: Iterable[str], tied: Iterable[str] = ()) -> None:
     """Refuse a weight update that does not name exactly the model's tensors, before anything is

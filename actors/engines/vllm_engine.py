@@ -220,8 +220,6 @@ class VllmEngine(GenerationEngine):
         self._version = version
 
     async def reset_prefix_cache(self) -> None:
-        """Forget the KV cached for earlier prompts: a benchmark that replays them (`slea bench
-        actors`) measures their prefill again, as an engine without a prefix cache must."""
         await self._engine.reset_prefix_cache()
 
     @property
