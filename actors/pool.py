@@ -46,7 +46,7 @@ class ActorWorkerProcess:
             SamplingSettings(
                 temperature=cfg.model.temperature, top_p=cfg.model.top_p, max_new_tokens=cfg.model.max_new_tokens
             ),
-            dtype=cfg.model.dtype,
+            dtype=cfg.actors.dtype,
             max_batch=cfg.actors.envs_per_worker,
             engine_args=cfg.actors.engine_args,
         )

@@ -129,5 +129,5 @@ def response_logits(model: torch.nn.Module, batch: MicroBatch, temperature: floa
         logits_to_keep=width + 1,
         use_cache=False,
     )
-    logits = output.logits[:, :-1]
+    logits = output.logits[:, :-1].float()  # float32 before the temperature (a bf16 quotient rounds)
     return logits if temperature == 1.0 else logits / temperature

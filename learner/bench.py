@@ -1,11 +1,19 @@
-"""`slea bench learner`: the DeepSpeed learner step against a plain PyTorch AdamW loop, same run.
+"""`slea bench learner`: the DeepSpeed learner step against the machine's limit and plain PyTorch.
 
-Both sides train the same initial weights on the same samples with the same loss (decoupled
-PPO, token-budget micro-batches, gradient clipping); only the wrapper differs, so the ratio
-tokens_per_s / torch_tokens_per_s is what DeepSpeed costs (or saves). Machines here are noisy:
-read the ratio, not the absolute figures. Peak memory is what each side keeps resident
-(parameters, gradients, optimizer state) plus the largest transient growth during one of its
-steps (activations, logits), since both live in one process.
+Three figures, all from one run (machines here are noisy: read ratios, not absolute figures):
+- `ratio`: the DeepSpeed trainer against a plain PyTorch AdamW loop (`torch_step`) on the same
+  initial weights, samples, loss, compute dtype and optimizer steps; only the wrapper differs (and
+  the trainer's lean step: the first mini-batch is not scored separately), so this is what
+  DeepSpeed costs or saves.
+- `mfu`: model FLOPs per second over the best matmul rate this machine reached in the same run
+  (`matmul_peak`, 2048^2 in bf16 and in fp32). Model FLOPs count 6 x non-embedding parameters per
+  trained token, 2 x per token scored without grad, and the LM head (d x V per position) on the
+  response positions it runs on; attention's sequence-length term is left out (under 5% at 256).
+- `bf16_over_fp32`: the same trainer step with `learner.compute_dtype` bf16 against fp32. Where the
+  CPU has no native bf16 (no AMX, no AVX512-BF16) a bf16 matmul is ~100x slower than fp32; the
+  bf16 arm is then not run (it would take hours) and the report says why.
+Peak memory is what each side keeps resident (parameters, gradients, optimizer state) plus the
+largest transient growth during one of its steps (activations, logits), since both live in one process.
 """
 
 from __future__ import annotations
@@ -21,8 +29,10 @@ import torch
 from learner.batch import TrainSample, collate, plan_micro_batches, ppo_schedule, response_logits
 from learner.engine import PolicyTrainer
 from learner.loss import gather_logprobs, ppo_loss, token_entropy
+from learner.precision import compute_context, use_float_head
 from slea.config import LearnerConfig
 from slea.models import load_model, tiny_model
+from slea.precision import native_bf16, resolve_dtype
 
 
 class StepMemory:
@@ -89,16 +99,62 @@ def synthetic_samples(
     ]
 
 
+def matmul_peak(dtype: torch.dtype, size: int = 2048, seconds: float = 2.0) -> float:
+    """TFLOP/s of a size x size matmul in `dtype` on the learner's device: the machine's own limit.
+    Repeats for about `seconds` (at least twice) after one warm-up product."""
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    left, right = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
+    left @ right
+    runs, start = 0, time.perf_counter()
+    while runs < 2 or time.perf_counter() - start < seconds:
+        left @ right
+        runs += 1
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    return 2 * size**3 * runs / (time.perf_counter() - start) / 1e12
+
+
+def model_flops(model: torch.nn.Module, samples: list[TrainSample], cfg: LearnerConfig, seed: int) -> float:
+    """FLOPs of one learner batch as PolicyTrainer.train_step computes it (see the module docstring)."""
+    head = model.get_output_embeddings().weight
+    embedding = model.get_input_embeddings().weight
+    tied = head.data_ptr() == embedding.data_ptr()
+    body = sum(param.numel() for param in model.parameters()) - embedding.numel() - (0 if tied else head.numel())
+    head_per_position = head.numel()  # d x V multiply-adds
+    mini_batches, steps = ppo_schedule(len(samples), cfg.mini_batches, cfg.ppo_epochs, seed)
+    scored = [i for index, rows in enumerate(mini_batches) if index != steps[0] for i in rows]
+    if cfg.kl_coef > 0:
+        scored += list(range(len(samples)))  # the frozen reference scores every row
+    trained_tokens = sum(samples[i].length for index in steps for i in mini_batches[index])
+    trained_responses = sum(len(samples[i].response_ids) for index in steps for i in mini_batches[index])
+    scored_tokens = sum(samples[i].length for i in scored)
+    scored_responses = sum(len(samples[i].response_ids) for i in scored)
+    return (
+        6 * body * trained_tokens
+        + 2 * body * scored_tokens
+        + 6 * head_per_position * trained_responses
+        + 2 * head_per_position * scored_responses
+    )
+
+
 def torch_step(
-    model, reference, optimizer, samples: list[TrainSample], cfg: LearnerConfig, pad_id: int, device, seed: int
+    model,
+    reference,
+    optimizer,
+    samples: list[TrainSample],
+    cfg: LearnerConfig,
+    pad_id: int,
+    device,
+    seed: int,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> None:
     """The same update as PolicyTrainer.train_step, written as a plain PyTorch loop: score every
     micro-batch with the weights before the first update (proximal, reference), then one
-    optimizer step per mini-batch in the schedule's order."""
+    optimizer step per mini-batch in the schedule's order; forwards under the same autocast."""
     mini_batches, steps = ppo_schedule(len(samples), cfg.mini_batches, cfg.ppo_epochs, seed)
     model.train()
     scored = []
-    with torch.no_grad():
+    with torch.no_grad(), compute_context(device, compute_dtype):
         for rows in mini_batches:
             micro = []
             for indices in plan_micro_batches([samples[i].length for i in rows], cfg.micro_batch_tokens):
@@ -114,7 +170,8 @@ def torch_step(
     for index in steps:
         total_response = sum(len(samples[i].response_ids) for i in mini_batches[index])
         for batch, proximal, ref_logprobs in scored[index]:
-            logits = response_logits(model, batch)
+            with compute_context(device, compute_dtype):
+                logits = response_logits(model, batch)
             terms = ppo_loss(
                 gather_logprobs(logits, batch.response_ids),
                 proximal,
@@ -136,6 +193,17 @@ def torch_step(
         optimizer.zero_grad(set_to_none=True)
 
 
+def _timed(run, cuda: bool) -> tuple[float, int]:
+    """(seconds, transient peak bytes) of one call."""
+    with StepMemory() as memory:
+        start = time.perf_counter()
+        run()
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    return seconds, memory.peak_bytes
+
+
 def bench_learner(
     model_name: str = "smollm2-135m-instruct",
     batch_size: int = 8,
@@ -148,63 +216,95 @@ def bench_learner(
     mini_batches: int = 4,
     lr: float = 1e-5,
 ) -> dict:
-    """Tokens/s and peak memory of the DeepSpeed learner step vs a plain torch AdamW loop, both
-    taking the same `mini_batches` PPO optimizer steps per batch.
+    """The learner step in the compute dtype `auto` picks here, against plain torch taking the same
+    `mini_batches` PPO optimizer steps per batch, against the other compute dtype where that is
+    native, and against the machine's matmul peak.
 
     model_name "tiny" uses `slea.models.tiny_model` (a plumbing check, not a throughput figure).
     The learning rate does not change the cost; it is set high enough (1e-5, the learning configs')
     that the later mini-batches move the policy past the clip range, so `clip_fraction` shows the
     PPO clip at work.
     """
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda") if cuda else torch.device("cpu")
+    peaks = {"bfloat16": matmul_peak(torch.bfloat16), "float32": matmul_peak(torch.float32)}
     model, tokenizer = tiny_model() if model_name == "tiny" else load_model(model_name)
-    cfg = LearnerConfig(zero_stage=zero_stage, micro_batch_tokens=micro_batch_tokens, mini_batches=mini_batches, lr=lr)
+    native = native_bf16(device.type)
+    primary = resolve_dtype("auto", device.type)
+    arms = ["float32", "bfloat16"] if native else ["float32"]
     samples = synthetic_samples(batch_size, prompt_tokens, response_tokens, model.config.vocab_size)
     tokens = sum(sample.length for sample in samples)
     pad_id = tokenizer.pad_token_id
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
+    def config(dtype: str) -> LearnerConfig:
+        return LearnerConfig(
+            zero_stage=zero_stage,
+            micro_batch_tokens=micro_batch_tokens,
+            mini_batches=mini_batches,
+            lr=lr,
+            compute_dtype=dtype,
+        )
+
+    cfg = config(primary)
     plain = copy.deepcopy(model).to(device)
-    reference = copy.deepcopy(model).to(device).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
-    optimizer = torch.optim.AdamW(plain.parameters(), lr=cfg.lr, weight_decay=0.0)
-    trainer = PolicyTrainer(model, cfg, pad_id)
+    use_float_head(plain)
+    reference = copy.deepcopy(plain).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+    optimizer = torch.optim.AdamW(plain.parameters(), lr=cfg.lr, weight_decay=0.0, fused=True)
+    trainers = {dtype: PolicyTrainer(copy.deepcopy(model), config(dtype), pad_id) for dtype in arms}
     torch_batches = iter(range(10**9))  # the trainer's schedule seeds: seed 0 + batches trained
-    run_torch = lambda: torch_step(plain, reference, optimizer, samples, cfg, pad_id, device, next(torch_batches))  # noqa: E731
-    deepspeed_stats = []
-    run_deepspeed = lambda: deepspeed_stats.append(trainer.train_step(samples))  # noqa: E731
+    compute = getattr(torch, primary)
+    runs = {
+        "torch": lambda: torch_step(
+            plain, reference, optimizer, samples, cfg, pad_id, device, next(torch_batches), compute
+        ),
+    }
+    stats: dict[str, list] = {dtype: [] for dtype in arms}
+    for dtype in arms:
+        runs[dtype] = lambda dtype=dtype: stats[dtype].append(trainers[dtype].train_step(samples))
     for _ in range(warmup_steps):
-        run_torch()
-        run_deepspeed()
-    # Interleaved, so load from other processes on a shared machine hits both sides alike.
-    timings: dict[str, list[float]] = {"torch": [], "deepspeed": []}
-    transient = {"torch": 0, "deepspeed": 0}
+        for run in runs.values():
+            run()
+    # Interleaved, so load from other processes on a shared machine hits every side alike.
+    timings: dict[str, list[float]] = {side: [] for side in runs}
+    transient = dict.fromkeys(runs, 0)
     for _ in range(steps):
-        for side, run in (("torch", run_torch), ("deepspeed", run_deepspeed)):
-            with StepMemory() as memory:
-                start = time.perf_counter()
-                run()
-                if torch.cuda.is_available():
-                    torch.cuda.synchronize()
-                timings[side].append(time.perf_counter() - start)
-            transient[side] = max(transient[side], memory.peak_bytes)
-    torch_seconds, ds_seconds = float(np.median(timings["torch"])), float(np.median(timings["deepspeed"]))
-    torch_memory = resident_bytes(plain, optimizer) + transient["torch"]
-    ds_memory = resident_bytes(trainer.module, trainer.optimizer) + transient["deepspeed"]
+        for side, run in runs.items():
+            seconds, peak = _timed(run, cuda)
+            timings[side].append(seconds)
+            transient[side] = max(transient[side], peak)
+    seconds = {side: float(np.median(values)) for side, values in timings.items()}
+    flops = model_flops(model, samples, cfg, seed=0)
+    limit = max(peaks.values())
+    measured = stats[primary][warmup_steps:]
     return {
         "model": model_name,
         "device": str(device),
         "zero_stage": zero_stage,
+        "compute_dtype": primary,
+        "bf16_native": native,
         "batch_size": batch_size,
         "sequence_tokens": prompt_tokens + response_tokens,
         "tokens_per_step": tokens,
         "steps": steps,
-        "optimizer_steps_per_batch": deepspeed_stats[-1].optimizer_steps,
-        "clip_fraction": float(np.mean([stats.clip_fraction for stats in deepspeed_stats[warmup_steps:]])),
-        "approx_kl": float(np.mean([stats.approx_kl for stats in deepspeed_stats[warmup_steps:]])),
-        "tokens_per_s": tokens / ds_seconds,
-        "torch_tokens_per_s": tokens / torch_seconds,
-        "ratio": torch_seconds / ds_seconds,
-        "step_seconds": ds_seconds,
-        "torch_step_seconds": torch_seconds,
-        "peak_memory_mb": ds_memory / 2**20,
-        "torch_peak_memory_mb": torch_memory / 2**20,
+        "optimizer_steps_per_batch": measured[-1].optimizer_steps,
+        "clip_fraction": float(np.mean([step.clip_fraction for step in measured])),
+        "approx_kl": float(np.mean([step.approx_kl for step in measured])),
+        "tokens_per_s": tokens / seconds[primary],
+        "torch_tokens_per_s": tokens / seconds["torch"],
+        "ratio": seconds["torch"] / seconds[primary],
+        "step_seconds": seconds[primary],
+        "torch_step_seconds": seconds["torch"],
+        "matmul_tflops": peaks,
+        "model_tflop_per_step": flops / 1e12,
+        "achieved_tflops": flops / seconds[primary] / 1e12,
+        "mfu": flops / seconds[primary] / 1e12 / limit,
+        "mfu_peak_dtype": max(peaks, key=peaks.get),
+        "bf16_over_fp32": seconds["float32"] / seconds["bfloat16"] if native else None,
+        "bf16_skipped": None
+        if native
+        else f"no native bf16 on this {device.type} (bf16 matmul {peaks['bfloat16']:.4f} TFLOP/s against "
+        f"{peaks['float32']:.3f} in fp32): auto computes in fp32 here",
+        "peak_memory_mb": (resident_bytes(trainers[primary].module, trainers[primary].optimizer) + transient[primary])
+        / 2**20,
+        "torch_peak_memory_mb": (resident_bytes(plain, optimizer) + transient["torch"]) / 2**20,
     }

@@ -36,8 +36,10 @@ import torch.distributed as dist
 from learner.batch import MicroBatch, TrainSample, collate, plan_micro_batches, ppo_schedule, response_logits
 from learner.edge import distill_advantages, distill_log_ratio
 from learner.loss import gather_logprobs, ppo_loss, token_entropy
+from learner.precision import compute_context, deepspeed_autocast_section, use_float_head
 from slea.config import LearnerConfig
 from slea.ports import free_port
+from slea.precision import resolve_dtype
 
 
 def init_distributed() -> tuple[int, int]:
@@ -67,21 +69,29 @@ def _init_single_process(backend: str, attempts: int = 3) -> None:
                 raise
 
 
-def deepspeed_config(cfg: LearnerConfig, world_size: int, bf16: bool) -> dict:
+def deepspeed_config(cfg: LearnerConfig, world_size: int, compute_dtype: torch.dtype) -> dict:
     """The whole DeepSpeed config as a plain dict (as OpenRLHF's deepspeed_utils does).
 
     Gradient accumulation is driven by the trainer (the number of micro-batches follows the
     token budget, so it changes every step); DeepSpeed sees one micro-batch per step and the
     trainer marks the accumulation boundary itself.
+
+    Precision (learner/precision.py): DeepSpeed's `bf16` section stays off, so the module's
+    parameters stay float32 and are the master weights; bf16 compute is autocast
+    (`torch_autocast`), and gradients accumulate in float32 (`grad_accum_dtype`, said outright:
+    with bf16 parameters DeepSpeed would default it to bf16). ZeRO-0 leaves clipping to the
+    trainer, which reads the norm from the same pass (`gradient_clipping` 0 here).
     """
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "train_batch_size": world_size,
-        "gradient_clipping": cfg.grad_clip,
+        "gradient_clipping": cfg.grad_clip if cfg.zero_stage > 0 else 0.0,
         "steps_per_print": 10**9,  # metrics go through our own dict, not DeepSpeed's logger
         "wall_clock_breakdown": False,
-        "bf16": {"enabled": bf16},
+        "bf16": {"enabled": False},
+        "torch_autocast": deepspeed_autocast_section(compute_dtype),
+        "data_types": {"grad_accum_dtype": "fp32"},
         "zero_optimization": {
             "stage": cfg.zero_stage,
             "overlap_comm": torch.cuda.is_available(),
@@ -105,6 +115,7 @@ class StepStats:
     approx_kl: float  # k3 estimate of KL(proximal || current): how far the updates moved the policy
     behav_masked_fraction: float  # share of tokens masked for a too large behaviour weight
     behav_weight: float  # mean behaviour -> proximal importance weight (masked count 0)
+    behav_abs_log_diff: float  # mean |log pi_prox - log pi_behav| per token: how far the actors' numbers are off
     grad_norm: float  # global gradient norm before clipping, mean over the optimizer steps
     lr: float  # learning rate of the batch's first optimizer step
     tokens: int  # real tokens (prompt + response) in the batch, all ranks
@@ -122,13 +133,24 @@ class _Scored:
 
     batch: MicroBatch  # the collated rows
     real: bool  # False: a repeat that only keeps the ranks' collectives in step (loss weight 0)
-    proximal: torch.Tensor  # [B, Rmax] log-probs under the weights before the first optimizer step
+    proximal: torch.Tensor | None  # [B, Rmax] log-probs under the weights before the first optimizer step
+    # (None until the first optimizer step's own forward fills it in: see train_step)
     reference: torch.Tensor | None  # [B, Rmax] under the frozen reference (None without the KL term)
     teacher: torch.Tensor | None  # [B, Rmax] EDGE: proximal weights under the teacher prompt (None: not distilling)
     distilled_rows: torch.Tensor | None  # float [B] EDGE: 1 on rows that carry a teacher prompt
 
 
-LOSS_TERMS = ("loss", "pg_loss", "kl", "entropy", "clip_fraction", "approx_kl", "behav_masked_fraction", "behav_weight")
+LOSS_TERMS = (
+    "loss",
+    "pg_loss",
+    "kl",
+    "entropy",
+    "clip_fraction",
+    "approx_kl",
+    "behav_masked_fraction",
+    "behav_weight",
+    "behav_abs_log_diff",
+)
 
 
 class PolicyTrainer:
@@ -147,12 +169,19 @@ class PolicyTrainer:
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu else torch.device("cpu")
         if on_gpu:
             torch.cuda.set_device(self.device)
+        self.compute_dtype = getattr(torch, resolve_dtype(cfg.compute_dtype, self.device.type))
+        if any(param.dtype != torch.float32 for param in model.parameters()):
+            raise ValueError(
+                "the learner steps float32 master weights: load the policy in float32 "
+                f"(learner.compute_dtype={cfg.compute_dtype} sets the compute dtype)"
+            )
         model.config.use_cache = False
-        # The reference is the policy as loaded: frozen, never stepped, inference only.
-        self.reference = (
-            _frozen_copy(model, self.device, torch.bfloat16 if on_gpu else None) if cfg.kl_coef > 0 else None
-        )
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0, fused=on_gpu)
+        use_float_head(model)
+        # The reference is the policy as loaded: frozen, never stepped, inference only, computed as the policy is.
+        self.reference = _frozen_copy(model, self.device) if cfg.kl_coef > 0 else None
+        # Fused AdamW: one kernel over all parameters, on the CPU too (torch's CPU AdamW is otherwise a
+        # per-tensor loop). Same update as the unfused one (tests/learner/test_precision.py).
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0, fused=True)
         warmup = cfg.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
@@ -161,15 +190,25 @@ class PolicyTrainer:
             model=model,
             optimizer=optimizer,
             lr_scheduler=scheduler,
-            config=deepspeed_config(cfg, self.world_size, bf16=on_gpu),
+            config=deepspeed_config(cfg, self.world_size, self.compute_dtype),
         )
+        if self.world_size == 1 and cfg.zero_stage == 0:
+            self.engine.enable_backward_allreduce = False  # an all-reduce over one rank only copies the gradients
+
+    def _compute(self):
+        return compute_context(self.device, self.compute_dtype)
 
     @property
     def module(self) -> torch.nn.Module:
         return self.engine.module
 
     def train_step(self, samples: list[TrainSample]) -> StepStats:
-        """PPO on one learner batch (every rank passes the same list): score, then mini-batch updates."""
+        """PPO on one learner batch (every rank passes the same list): score, then mini-batch updates.
+
+        The mini-batch of the first optimizer step is not scored in advance: its micro-batches all
+        run before any weight moves, so their own forwards *are* the proximal policy, taken as they
+        pass (exactly: its ratio is 1 by construction). The others are scored by one no-grad pass.
+        """
         start = time.perf_counter()
         mini_batches, steps = ppo_schedule(
             len(samples), self.cfg.mini_batches, self.cfg.ppo_epochs, self.seed + self.batches_trained
@@ -179,7 +218,10 @@ class PolicyTrainer:
         distilling = self.cfg.edge_distill_coef > 0 and any(len(sample.teacher_prompt_ids) for sample in samples)
         lr = self.scheduler.get_last_lr()[0]  # the scheduler advances inside engine.step()
         self.engine.train()
-        scored = [self._score_before_updates([samples[i] for i in rows], distilling) for rows in mini_batches]
+        scored = [
+            self._score_before_updates([samples[i] for i in rows], distilling, proximal=index != steps[0])
+            for index, rows in enumerate(mini_batches)
+        ]
         sums = dict.fromkeys(LOSS_TERMS, 0.0) | dict(edge_kl_sum=0.0, edge_tokens=0.0, grad_norm=0.0)
         passes = 0
         for index in steps:
@@ -206,10 +248,11 @@ class PolicyTrainer:
         )
 
     @torch.no_grad()
-    def _score_before_updates(self, rows: list[TrainSample], distilling: bool) -> list[_Scored]:
-        """This rank's micro-batches of one mini-batch, with the proximal (and reference, teacher)
-        log-probs of the weights as they are now. Every rank scores the same number of micro-batches
-        (ZeRO collectives); a rank short of real ones repeats one, with loss weight 0."""
+    def _score_before_updates(self, rows: list[TrainSample], distilling: bool, proximal: bool) -> list[_Scored]:
+        """This rank's micro-batches of one mini-batch, with the reference and teacher log-probs of the
+        weights as they are now, and the proximal ones when `proximal` (else the first update fills
+        them in). Every rank scores the same number of micro-batches (ZeRO collectives); a rank short
+        of real ones repeats one, with loss weight 0."""
         plan = plan_micro_batches([row.length for row in rows], self.cfg.micro_batch_tokens)
         mine = plan[self.rank :: self.world_size]
         scored = []
@@ -217,19 +260,38 @@ class PolicyTrainer:
             real = index < len(mine)
             chunk = [rows[i] for i in (mine[index] if real else plan[0])]
             batch = collate(chunk, self.pad_id, self.device)
-            proximal = gather_logprobs(response_logits(self.engine, batch, self.temperature), batch.response_ids)
-            reference = teacher = distilled_rows = None
-            if self.reference is not None:
-                reference = gather_logprobs(
-                    response_logits(self.reference, batch, self.temperature), batch.response_ids
-                )
-            if distilling:
-                teacher_batch, distilled_rows = _teacher_batch(chunk, self.pad_id, self.device)
-                teacher = gather_logprobs(
-                    response_logits(self.engine, teacher_batch, self.temperature), batch.response_ids
-                )
-            scored.append(_Scored(batch, real, proximal, reference, teacher, distilled_rows))
+            proximal_logprobs = reference = teacher = distilled_rows = None
+            with self._compute():
+                if proximal:
+                    proximal_logprobs = self._logprobs(self.engine, batch)
+                if self.reference is not None:
+                    reference = self._logprobs(self.reference, batch)
+                if distilling:
+                    teacher, distilled_rows = self._teacher_logprobs(chunk, batch)
+            scored.append(_Scored(batch, real, proximal_logprobs, reference, teacher, distilled_rows))
         return scored
+
+    def _logprobs(self, model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
+        return gather_logprobs(response_logits(model, batch, self.temperature), batch.response_ids)
+
+    def _teacher_logprobs(self, chunk: list[TrainSample], batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """EDGE: the proximal weights' log-probs of each response under its row's teacher prompt, [B, Rmax]
+        aligned with `batch` (0 on rows without one), and the float [B] flag of the distilled rows. Only
+        the distilled rows are run through the model."""
+        flags = [len(row.teacher_prompt_ids) > 0 for row in chunk]
+        distilled_rows = torch.tensor(flags, dtype=torch.float32, device=self.device)
+        teacher = torch.zeros_like(batch.behaviour_logprobs)
+        distilled = [i for i, flag in enumerate(flags) if flag]
+        if distilled:  # responses are right-aligned: the teacher's last columns are the batch's last columns
+            teacher_batch = collate(
+                [dataclasses.replace(chunk[i], prompt_ids=chunk[i].teacher_prompt_ids) for i in distilled],
+                self.pad_id,
+                self.device,
+            )
+            width = teacher_batch.response_ids.shape[1]
+            rows = torch.tensor(distilled, device=self.device)
+            teacher[rows, teacher.shape[1] - width :] = self._logprobs(self.engine, teacher_batch)
+        return teacher, distilled_rows
 
     def _optimizer_step(self, scored: list[_Scored], rows: list[TrainSample]) -> tuple[dict[str, float], float]:
         """One optimizer step on one mini-batch: its token-mean loss, accumulated over this rank's
@@ -243,8 +305,8 @@ class PolicyTrainer:
             self.engine.set_gradient_accumulation_boundary(index == len(scored) - 1)
             self.engine.backward(terms.loss * (float(self.world_size) if micro.real else 0.0))
             if index == len(scored) - 1 and self.cfg.zero_stage == 0:
-                # Stage 0 clips with torch and does not keep the norm; read it before the step.
-                grad_norm = _grad_norm(self.engine.module)
+                # ZeRO-0: clip here, with the norm from the same pass (DeepSpeed's clipping is off).
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.engine.module.parameters(), self.cfg.grad_clip)
             self.engine.step()
             if micro.real:
                 for name in LOSS_TERMS:
@@ -259,8 +321,11 @@ class PolicyTrainer:
         """(LossTerms, EDGE log-ratio sum, distilled tokens) of a micro-batch. With a teacher, the EDGE
         log-ratio joins the advantages (learner/edge.py)."""
         batch = micro.batch
-        logits = response_logits(self.engine, batch, self.temperature)
+        with self._compute():
+            logits = response_logits(self.engine, batch, self.temperature)
         logprobs = gather_logprobs(logits, batch.response_ids)
+        if micro.proximal is None:  # the batch's first update: its own forward is the proximal policy
+            micro.proximal = logprobs.detach()
         entropy = token_entropy(logits) if self.cfg.entropy_coef > 0 else None
         advantages, log_ratio, distill_mask = batch.advantages, None, None
         if micro.teacher is not None:
@@ -300,7 +365,8 @@ class PolicyTrainer:
         result = []
         for sample in samples:
             batch = collate([sample], self.pad_id, self.device)
-            values = gather_logprobs(response_logits(self.engine, batch, self.temperature), batch.response_ids)[0]
+            with self._compute():
+                values = self._logprobs(self.engine, batch)[0]
             result.append(values[values.shape[0] - len(sample.response_ids) :].cpu())
         return result
 
@@ -314,26 +380,8 @@ class PolicyTrainer:
         return {name: tensor.detach().to("cpu", copy=True) for name, tensor in module.state_dict().items()}
 
 
-def _teacher_batch(rows: list[TrainSample], pad_id: int, device: torch.device) -> tuple[MicroBatch, torch.Tensor]:
-    """The rows with their teacher prompts (rows without one keep their own prompt, and are masked out
-    of the distillation), and a float [B] flag of the distilled rows. Responses are the same tokens,
-    right-aligned in the same slots, so teacher and student log-probs line up position by position."""
-    flags = [len(row.teacher_prompt_ids) > 0 for row in rows]
-    teacher_rows = [
-        dataclasses.replace(row, prompt_ids=row.teacher_prompt_ids) if flag else row for row, flag in zip(rows, flags)
-    ]
-    return collate(teacher_rows, pad_id, device), torch.tensor(flags, dtype=torch.float32, device=device)
-
-
-def _grad_norm(module: torch.nn.Module) -> float:
-    grads = [param.grad for param in module.parameters() if param.grad is not None]
-    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
-
-
-def _frozen_copy(model: torch.nn.Module, device: torch.device, dtype: torch.dtype | None) -> torch.nn.Module:
+def _frozen_copy(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     reference = copy.deepcopy(model).to(device)
-    if dtype is not None:
-        reference = reference.to(dtype)
     reference.eval()
     reference.requires_grad_(False)
     return reference

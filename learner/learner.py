@@ -56,7 +56,7 @@ class Learner:
     def __init__(self, cfg: SleaConfig, *, redis_client=None, model=None, tokenizer=None):
         self.cfg = cfg
         if model is None:
-            model, tokenizer = load_model(cfg.model.name, cfg.model.dtype)
+            model, tokenizer = load_model(cfg.model.name)  # float32: the master weights
         self.tokenizer = tokenizer
         self.trainer = PolicyTrainer(
             model, cfg.learner, pad_id=tokenizer.pad_token_id, temperature=cfg.model.temperature, seed=cfg.run.seed
@@ -147,6 +147,7 @@ class Learner:
             optimizer_steps=stats.optimizer_steps,
             behav_masked_fraction=stats.behav_masked_fraction,
             behav_weight=stats.behav_weight,
+            behav_abs_log_diff=stats.behav_abs_log_diff,
             grad_norm=stats.grad_norm,
             lr=stats.lr,
             tokens=stats.tokens,

@@ -34,6 +34,7 @@ class LossTerms:
     )  # scalar: k3 estimate of KL(proximal || current), (r - 1) - log r with r = current / proximal
     behav_masked_fraction: torch.Tensor  # scalar: share of tokens masked for w > behav_weight_cap
     behav_weight: torch.Tensor  # scalar: token mean of the behaviour->proximal weight (masked tokens count 0)
+    behav_abs_log_diff: torch.Tensor  # scalar: token mean of |log pi_prox - log pi_behav|: actor/learner mismatch
 
 
 def gather_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -126,4 +127,5 @@ def ppo_loss(
         approx_kl=token_mean((ratio - 1.0) - log_ratio).detach(),
         behav_masked_fraction=token_mean(1.0 - kept).detach(),
         behav_weight=token_mean(weight * kept).detach(),
+        behav_abs_log_diff=token_mean((proximal_logprobs - behaviour_logprobs).abs()).detach(),
     )

@@ -12,6 +12,8 @@ _GAUGES = {
     "entropy": "learner_entropy",
     "clip_fraction": "learner_clip_fraction",
     "approx_kl": "learner_approx_kl",
+    "behav_masked_fraction": "learner_behaviour_masked_fraction",
+    "behav_abs_log_diff": "learner_behaviour_logprob_gap",
     "optimizer_steps": "learner_optimizer_steps_per_batch",
     "grad_norm": "learner_grad_norm",
     "advantage_mean": "learner_advantage_mean",

@@ -85,6 +85,16 @@ CATALOGUE: dict[str, MetricSpec] = {
             "k3 estimate of KL(proximal || current) over the batch's optimizer steps: how far PPO moved the policy.",
         ),
         MetricSpec(
+            "learner_behaviour_masked_fraction",
+            "gauge",
+            "Share of response tokens masked because the behaviour-to-proximal weight exceeded learner.behav_weight_cap.",
+        ),
+        MetricSpec(
+            "learner_behaviour_logprob_gap",
+            "gauge",
+            "Mean |log pi_proximal - log pi_behaviour| per response token: staleness plus the actor/learner numerics gap (bf16 actors, another engine).",
+        ),
+        MetricSpec(
             "learner_optimizer_steps_per_batch",
             "gauge",
             "Optimizer steps of the last learner batch (mini_batches x ppo_epochs).",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import torch
+
 from actors.engines.base import Generation, GenerationEngine, SamplingSettings
+from slea.precision import resolve_dtype
 
 
 def make_engine(
@@ -10,11 +13,14 @@ def make_engine(
     model_name: str,
     sampling: SamplingSettings,
     *,
-    dtype: str = "float32",
+    dtype: str = "auto",
     max_batch: int = 8,
     engine_args: dict | None = None,
 ) -> GenerationEngine:
-    """The engine named by `actors.engine`, loading `model.name`."""
+    """The engine named by `actors.engine`, loading `model.name` in `dtype` (`actors.dtype`: `auto` is
+    resolved here, in the process that generates, for the device it generates on)."""
+    on_gpu = kind == "vllm" and torch.cuda.is_available()  # the transformers engine generates on the CPU
+    dtype = resolve_dtype(dtype, "cuda" if on_gpu else "cpu")
     if kind == "transformers":
         from actors.engines.transformers_engine import TransformersEngine
 

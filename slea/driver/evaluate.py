@@ -173,7 +173,7 @@ def evaluate(
         config.actors.engine,
         source.model_name,
         SamplingSettings(temperature=model.temperature, top_p=model.top_p, max_new_tokens=model.max_new_tokens),
-        dtype=model.dtype,
+        dtype=config.actors.dtype,
         max_batch=max_batch,
         engine_args=config.actors.engine_args,
     )

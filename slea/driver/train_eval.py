@@ -68,7 +68,7 @@ class PanelEvaluator:
             "transformers",
             model.name,
             SamplingSettings(temperature=model.temperature, top_p=model.top_p, max_new_tokens=model.max_new_tokens),
-            dtype=model.dtype,
+            dtype=self.config.actors.dtype,
             max_batch=self.config.eval.max_batch,
         )
 

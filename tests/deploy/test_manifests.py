@@ -165,7 +165,7 @@ def test_gpus_and_engine_match_the_config(rendered, overlay):
     groups = ray_pod_groups(find(rendered[overlay], "RayJob")["spec"]["rayClusterSpec"])
     assert _gpus(groups["actors"]) >= config.actors.num_gpus and _gpus(groups["learner"]) >= config.learner.num_gpus
     if overlay == "gpu":
-        assert config.actors.engine == "vllm" and config.model.dtype == "bfloat16" and config.learner.zero_stage == 2
+        assert config.actors.engine == "vllm" and config.actors.dtype == "auto" and config.learner.zero_stage == 2
         assert _gpus(groups["actors"]) == _gpus(groups["learner"]) == 1
     else:
         assert config.actors.engine == "transformers" and config.model.name == "smollm2-135m-instruct"

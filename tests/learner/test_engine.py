@@ -28,7 +28,7 @@ def samples(seed=0):
 
 
 def test_deepspeed_config_is_a_plain_dict_from_the_learner_config():
-    config = deepspeed_config(LearnerConfig(zero_stage=2, grad_clip=0.5), world_size=1, bf16=False)
+    config = deepspeed_config(LearnerConfig(zero_stage=2, grad_clip=0.5), world_size=1, compute_dtype=torch.float32)
     assert config["zero_optimization"]["stage"] == 2 and config["gradient_clipping"] == 0.5
     assert config["bf16"] == {"enabled": False} and config["train_batch_size"] == 1
 

@@ -69,6 +69,8 @@ def test_decoupled_weights_for_stale_steps():
     terms.loss.backward()
     assert terms.pg_loss.item() == pytest.approx((-2.0 - 0.5) / 3)
     assert terms.behav_masked_fraction.item() == pytest.approx(1 / 3)
+    # The actor/learner gap counts every token, masked ones too: (ln 2 + ln 2 + ln 10) / 3.
+    assert terms.behav_abs_log_diff.item() == pytest.approx((2 * math.log(2.0) + math.log(10.0)) / 3)
     torch.testing.assert_close(logprobs.grad, torch.tensor([[-2.0 / 3, -0.5 / 3, 0.0]], dtype=torch.float64))
 
 
