@@ -140,7 +140,9 @@ class RayWeightPublisher:
         transport: str = "object_store",
         timeout_s: float = 120.0,
         record: VersionRecord | None = None,
+        device: torch.device | str = "cpu",
     ):
+        """`device`: the learner's training device; a collective push from a GPU uses NCCL."""
         self.record = record  # where each version is recorded before it is announced (None: nowhere)
         self.registry = WeightRegistry.options(
             name=weight_registry_name(run_id), namespace=RAY_NAMESPACE, lifetime="detached", get_if_exists=True
@@ -150,7 +152,7 @@ class RayWeightPublisher:
         if transport == "collective":
             from learner.weight_push import CollectiveWeightSender
 
-            self.sender = CollectiveWeightSender(self.registry, timeout_s=timeout_s)
+            self.sender = CollectiveWeightSender(self.registry, timeout_s=timeout_s, device=device)
         elif transport != "object_store":
             raise ValueError(f"weight transport must be 'object_store' or 'collective', not {transport!r}")
 
