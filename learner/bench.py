@@ -157,11 +157,17 @@ def bench_learner(
     PPO clip at work.
     """
     model, tokenizer = tiny_model() if model_name == "tiny" else load_model(model_name)
-    cfg = LearnerConfig(zero_stage=zero_stage, micro_batch_tokens=micro_batch_tokens, mini_batches=mini_batches, lr=lr)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    cfg = LearnerConfig(
+        zero_stage=zero_stage,
+        micro_batch_tokens=micro_batch_tokens,
+        mini_batches=mini_batches,
+        lr=lr,
+        num_gpus=1.0 if device.type == "cuda" else 0.0,  # both sides on the same device
+    )
     samples = synthetic_samples(batch_size, prompt_tokens, response_tokens, model.config.vocab_size)
     tokens = sum(sample.length for sample in samples)
     pad_id = tokenizer.pad_token_id
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
     plain = copy.deepcopy(model).to(device)
     reference = copy.deepcopy(model).to(device).eval().requires_grad_(False) if cfg.kl_coef > 0 else None

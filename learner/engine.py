@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from learner.batch import MicroBatch, TrainSample, collate, plan_micro_batches, ppo_schedule, response_logits
+from learner.device import training_device
 from learner.edge import distill_advantages, distill_log_ratio
 from learner.loss import gather_logprobs, ppo_loss, token_entropy
 from slea.config import LearnerConfig
@@ -143,10 +144,8 @@ class PolicyTrainer:
         self.seed = seed  # mini-batch draws: seed + batch count, identical on every rank
         self.batches_trained = 0
         self.rank, self.world_size = init_distributed()
-        on_gpu = torch.cuda.is_available()
-        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu else torch.device("cpu")
-        if on_gpu:
-            torch.cuda.set_device(self.device)
+        self.device = training_device(cfg.num_gpus)  # what Ray assigned, memory capped when shared (learner/device.py)
+        on_gpu = self.device.type == "cuda"
         model.config.use_cache = False
         # The reference is the policy as loaded: frozen, never stepped, inference only.
         self.reference = (
