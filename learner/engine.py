@@ -37,6 +37,7 @@ from learner.batch import MicroBatch, TrainSample, collate, plan_micro_batches, 
 from learner.device import training_device
 from learner.edge import distill_advantages, distill_log_ratio
 from learner.loss import gather_logprobs, ppo_loss, token_entropy
+from learner.weights import cpu_copy
 from slea.config import LearnerConfig
 from slea.ports import free_port
 
@@ -309,8 +310,8 @@ class PolicyTrainer:
         if self.cfg.zero_stage == 3:
             # Gather the whole model at once: state_dict() then also names tied weights (lm_head).
             with deepspeed.zero.GatheredParameters(list(module.parameters())):
-                return {name: tensor.detach().to("cpu", copy=True) for name, tensor in module.state_dict().items()}
-        return {name: tensor.detach().to("cpu", copy=True) for name, tensor in module.state_dict().items()}
+                return cpu_copy(module.state_dict())
+        return cpu_copy(module.state_dict())  # tied weights stay one tensor: sent once (learner/weights.py)
 
 
 def _teacher_batch(rows: list[TrainSample], pad_id: int, device: torch.device) -> tuple[MicroBatch, torch.Tensor]:
