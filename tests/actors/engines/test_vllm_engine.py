@@ -87,3 +87,24 @@ def learner_logprobs(model, prompt_ids, response_ids, temperature: float = TEMPE
     batch = collate([sample], pad_id=0)
     with torch.no_grad():
         return gather_logprobs(response_logits(model, batch, temperature), batch.response_ids)[0].numpy()
+
+
+@pytest.mark.slow
+def test_the_prefix_cache_reset_happens_while_a_request_holds_blocks(tmp_path):
+    """vLLM's reset_prefix_cache() returns False and keeps every cached block (computed by the old
+    weights) while any request holds one; the engine releases the running requests so that the
+    reset happens, and a prompt cached before it finds nothing cached after it."""
+    python = vllm_interpreter()
+    checkpoint, _model, _replacement = perturbed_shipped_model(seed=0)
+    result = subprocess.run(
+        [python, str(Path(__file__).with_name("vllm_prefix_cache_probe.py")), checkpoint, str(tmp_path / "out.json")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["error"] is None, out["error"]
+    assert out["before"] > 0, "the prompt was never cached: the check cannot tell a reset from none"
+    assert out["after"] == 0, f"{out['after']} prompt tokens still came from the cache of the old weights"
