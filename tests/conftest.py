@@ -81,7 +81,9 @@ def pytest_collection_modifyitems(items):
         import torch  # only when a GPU test was collected: the unit tier does not pay for it
 
         if not torch.cuda.is_available():
-            skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False): scripts/gpu_check.sh")
+            skip = pytest.mark.skip(
+                reason="needs a CUDA GPU (torch.cuda.is_available() is False): scripts/gpu_check.sh"
+            )
             for item in gpu_items:
                 item.add_marker(skip)
 
