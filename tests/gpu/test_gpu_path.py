@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import forward_logprobs, perturbed_shipped_model, tiny_run
+from helpers import check_prefix_cache_reset, forward_logprobs, perturbed_shipped_model, tiny_run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -89,16 +89,7 @@ def test_3_object_store_update_matches_transformers_and_the_prefix_cache_resets(
         learner = forward_logprobs(replacement, generation["prompt_ids"], generation["response_ids"])
         np.testing.assert_allclose(generation["logprobs"], learner, atol=2e-2)  # fp32 both sides, GPU kernels
     # The prefix-cache reset while a request holds blocks, on the GPU's model runner.
-    result = subprocess.run(
-        [sys.executable, str(REPO / "tests/actors/engines/vllm_prefix_cache_probe.py"), shipped, tmp_path / "pc.json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    cache = json.loads((tmp_path / "pc.json").read_text())
-    assert cache["error"] is None and cache["before"] > 0 and cache["after"] == 0, cache
+    check_prefix_cache_reset(sys.executable, shipped, tmp_path, timeout_s=300)
 
 
 def test_4_zero2_bf16_step(shipped):

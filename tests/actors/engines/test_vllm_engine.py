@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import perturbed_shipped_model
+from helpers import check_prefix_cache_reset, perturbed_shipped_model
 from safetensors.torch import save_file
 
 from learner.batch import TrainSample, collate, response_logits
@@ -96,15 +96,4 @@ def test_the_prefix_cache_reset_happens_while_a_request_holds_blocks(tmp_path):
     reset happens, and a prompt cached before it finds nothing cached after it."""
     python = vllm_interpreter()
     checkpoint, _model, _replacement = perturbed_shipped_model(seed=0)
-    result = subprocess.run(
-        [python, str(Path(__file__).with_name("vllm_prefix_cache_probe.py")), checkpoint, str(tmp_path / "out.json")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    out = json.loads((tmp_path / "out.json").read_text())
-    assert out["error"] is None, out["error"]
-    assert out["before"] > 0, "the prompt was never cached: the check cannot tell a reset from none"
-    assert out["after"] == 0, f"{out['after']} prompt tokens still came from the cache of the old weights"
+    check_prefix_cache_reset(python, checkpoint, tmp_path)
