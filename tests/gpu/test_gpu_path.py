@@ -110,7 +110,7 @@ def test_5_learner_and_vllm_share_the_gpu(shipped):
 
 def test_6_slea_train_gpu_config_two_steps(tmp_path):
     settings = tiny_run(tmp_path, "gpu-check", "smollm2-135m-instruct")
-    settings += ["learner.max_steps=2", "learner.tasks_per_step=2", "library.enabled=false", "model.max_new_tokens=32"]
+    settings += ["learner.max_steps=2", "learner.tasks_per_step=2", "model.max_new_tokens=32"]
     settings += ["model.max_prompt_tokens=1024", "eval.every=0"]
     command = [sys.executable, "-m", "slea.driver.cli", "train", str(REPO / "configs/gpu.yaml")]
     command += [arg for setting in settings for arg in ("--set", setting)]
