@@ -243,6 +243,7 @@ def bench_learner(
             mini_batches=mini_batches,
             lr=lr,
             compute_dtype=dtype,
+            num_gpus=1.0 if cuda else 0.0,  # every side on the same device
         )
 
     cfg = config(primary)

@@ -34,9 +34,11 @@ import torch
 import torch.distributed as dist
 
 from learner.batch import MicroBatch, TrainSample, collate, plan_micro_batches, ppo_schedule, response_logits
+from learner.device import training_device
 from learner.edge import distill_advantages, distill_log_ratio
 from learner.loss import gather_logprobs, ppo_loss, token_entropy
 from learner.precision import compute_context, deepspeed_autocast_section, use_float_head
+from learner.weights import cpu_copy
 from slea.config import LearnerConfig
 from slea.ports import free_port
 from slea.precision import resolve_dtype
@@ -165,10 +167,7 @@ class PolicyTrainer:
         self.seed = seed  # mini-batch draws: seed + batch count, identical on every rank
         self.batches_trained = 0
         self.rank, self.world_size = init_distributed()
-        on_gpu = torch.cuda.is_available()
-        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if on_gpu else torch.device("cpu")
-        if on_gpu:
-            torch.cuda.set_device(self.device)
+        self.device = training_device(cfg.num_gpus)  # what Ray assigned, memory capped when shared (learner/device.py)
         self.compute_dtype = getattr(torch, resolve_dtype(cfg.compute_dtype, self.device.type))
         if any(param.dtype != torch.float32 for param in model.parameters()):
             raise ValueError(
@@ -376,8 +375,8 @@ class PolicyTrainer:
         if self.cfg.zero_stage == 3:
             # Gather the whole model at once: state_dict() then also names tied weights (lm_head).
             with deepspeed.zero.GatheredParameters(list(module.parameters())):
-                return {name: tensor.detach().to("cpu", copy=True) for name, tensor in module.state_dict().items()}
-        return {name: tensor.detach().to("cpu", copy=True) for name, tensor in module.state_dict().items()}
+                return cpu_copy(module.state_dict())
+        return cpu_copy(module.state_dict())  # tied weights stay one tensor: sent once (learner/weights.py)
 
 
 def _frozen_copy(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:

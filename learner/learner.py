@@ -73,6 +73,7 @@ class Learner:
                 cfg.learner.weight_transport,
                 cfg.learner.weight_push_timeout_s,
                 record=VersionRecord(client, cfg.run.id, cfg.redis.reconnect_max_s),
+                device=self.trainer.device,
             )
             self.consumer = StreamConsumer(
                 client,

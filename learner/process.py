@@ -23,8 +23,11 @@ class LearnerProcess:
     """One learner rank; rank 0 runs the Learner loop on a thread, the driver drains its metrics and can stop it."""
 
     def __init__(self, config: dict, rank: int = 0, world_size: int = 1):
+        from learner.device import hide_unassigned_gpus
         from slea.cpu_threads import use_assigned_cpus
 
+        # Before torch or DeepSpeed look for GPUs: a num_gpus 0 rank on a GPU node still sees them (Ray 2.60).
+        hide_unassigned_gpus(config["learner"]["num_gpus"])
         use_assigned_cpus(phases_alternate=config["actors"]["synchronous"])  # synchronous: it trains while actors wait
         self.config, self.rank, self.world_size = config, rank, world_size
         self.learner = None  # built by join()

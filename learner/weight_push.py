@@ -51,7 +51,7 @@ class CollectiveWeightSender:
         registry,
         *,
         timeout_s: float = 120.0,
-        device: torch.device | str | None = None,
+        device: torch.device | str = "cpu",
         host: str | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         poll_s: float = 1.0,
@@ -59,7 +59,7 @@ class CollectiveWeightSender:
     ):
         self.registry = registry
         self.timeout_s = timeout_s
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(device)  # the learner's (learner/device.py): NCCL from a GPU, gloo from a CPU
         self.backend = backend_for(self.device)
         self.host = host or ray.util.get_node_ip_address()
         self.bucket_bytes = bucket_bytes
@@ -118,7 +118,7 @@ class CollectiveWeightSender:
         for receiver_id in list(self.links):
             entry = registered.get(receiver_id)
             if entry is None or entry[0] != self.links[receiver_id].incarnation:
-                self._disconnect(receiver_id)  # unregistered, or restarted as a new process
+                self._disconnect(receiver_id, abort=True)  # unregistered, or restarted as a new process
         latest = self._latest
         if latest is None:
             return
@@ -136,7 +136,7 @@ class CollectiveWeightSender:
                 log.warning("weight receiver %s dropped: %r", receiver_id, error)
                 self.failures += 1
                 self._failed_at[receiver_id] = time.monotonic()
-                self._disconnect(receiver_id)
+                self._disconnect(receiver_id, abort=True)
                 self.registry.drop_receiver.remote(receiver_id, incarnation)
 
     def _connect(self, incarnation: str, handle, workers: int) -> _Link:
@@ -154,10 +154,12 @@ class CollectiveWeightSender:
         ray.get(received, timeout=self.timeout_s)
         link.version = version
 
-    def _disconnect(self, receiver_id: str, leave: bool = False) -> None:
+    def _disconnect(self, receiver_id: str, leave: bool = False, abort: bool = False) -> None:
+        """Forget a link. `leave`: ask the engine to close its end too (a clean stop); `abort`: the
+        peer is dead or stalled, so release the group without waiting for ops it will never finish."""
         link = self.links.pop(receiver_id, None)
         if link is None:
             return
         if leave:
             link.handle.leave_weight_group.remote()  # best effort: the actor may be gone
-        link.group.close()
+        link.group.close(abort=abort)

@@ -534,6 +534,25 @@ class SleaConfig(_Section):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _collective_needs_separate_gpus(self) -> SleaConfig:
+        """NCCL refuses two ranks of one group on one device, and a vLLM engine whose link fails
+        never falls back to the object store: it would stay on version 0 for the whole run."""
+        learner, actors = self.learner, self.actors
+        if (
+            learner.weight_transport == "collective"
+            and actors.engine == "vllm"
+            and 0 < learner.num_gpus < 1
+            and 0 < actors.num_gpus < 1
+        ):
+            raise ValueError(
+                f"learner.weight_transport=collective with learner.num_gpus={learner.num_gpus} and "
+                f"actors.num_gpus={actors.num_gpus}: Ray may put the learner and a vLLM engine on one GPU, where "
+                "NCCL refuses the weight group (two ranks on one device). Use learner.weight_transport: "
+                "object_store to share a GPU, or whole GPUs (num_gpus >= 1) for the learner or the actors"
+            )
+        return self
+
     def held_out_panel_size(self) -> int:
         """Tasks of the `envs.eval_panel` panel that training never samples: every task any evaluation of
         this run plays. Panels of one name are prefixes of one sequence (actors/envs/tasks.py), so the

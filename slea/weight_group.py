@@ -10,7 +10,18 @@ and so may a DeepSpeed learner. (OpenRLHF's `init_process_group` registers the e
 would need vLLM on the learner side.)
 
 Every wait has a timeout: a receiver that died or never joins costs the sender `timeout_s`,
-never a hang (gloo raises; NCCL's watchdog aborts the communicator).
+never a hang. The group is warmed up when it is made, by a one-element broadcast on both sides
+(as vLLM's PyNcclCommunicator does: vllm/distributed/device_communicators/pynccl.py, "A small
+all_reduce for warmup"), so NCCL creates its communicator at join time, where a receiver that
+never joins fails the join, and not inside the first weight broadcast. The NCCL communicator is
+non-blocking (`config.blocking = 0`): its creation and every collective return control to torch,
+which gives up after `TORCH_NCCL_NONBLOCKING_TIMEOUT` and the op timeout, where a blocking
+communicator would wait for a dead peer for ever. A link given up on is aborted, not shut down
+(shutdown waits for the ops in flight, which a dead peer never finishes).
+
+On GPU the sender broadcasts on a CUDA stream of its own: a collective makes the stream it is
+issued from wait for the receiver, and issued from the default stream it would hold up the
+training step's kernels for as long as the slowest receiver takes.
 
 Plan, shared by both sides and sent as plain data: a list of buckets, each
 `{"dtype": "float32", "tensors": [[name, [shape...]], ...]}`. Tied parameters (the same storage
@@ -19,6 +30,8 @@ under two names, e.g. `lm_head.weight` = `embed_tokens.weight`) go once; the rec
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 from datetime import timedelta
 
@@ -93,6 +106,10 @@ class WeightGroup:
         elif backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
+            options.config.blocking = 0  # non-blocking communicator: its creation can time out
+            # torch reads this once per process, on the first non-blocking communicator (NCCLUtils.cpp
+            # nccl_nonblocking_timeout, 30 min by default): bound the communicator's creation as well.
+            os.environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", str(math.ceil(timeout_s)))
             # The watchdog's default on a timed-out op tears the whole process down; a dead peer
             # must only break this group (2 = CleanUpOnly: abort the communicator, `wait` raises).
             # Read once, by this constructor, so the process's other groups keep their setting.
@@ -108,21 +125,43 @@ class WeightGroup:
         else:
             raise ValueError(f"weight group backend must be 'gloo' or 'nccl', not {backend!r}")
         self._store = store  # keep the store (and, on rank 0, its server) alive with the group
+        # The sender's own stream (receivers take weights while their engine is paused: no stream to spare).
+        self.stream = transfer_stream(self.device) if rank == 0 else None
+        try:
+            with self.on_stream():
+                warm_up = torch.zeros(1, device=self.device)
+            self.broadcast(warm_up)  # every rank is in and the communicator exists, or this raises
+        except BaseException:
+            self.close(abort=True)
+            raise
 
     def broadcast(self, tensor: torch.Tensor) -> None:
-        """Broadcast `tensor` from rank 0 in place (receivers pass an empty tensor of the same size)."""
+        """Broadcast `tensor` from rank 0 in place (receivers pass an empty tensor of the same size).
+        Returns once the transfer is complete (or raises after the group's timeout)."""
         options = dist.BroadcastOptions()
         options.rootRank, options.rootTensor, options.timeout = 0, 0, self.timeout
-        self._group.broadcast([tensor], options).wait(self.timeout)
+        with self.on_stream():
+            # wait(timeout) blocks this thread until the op completes, so `tensor` outlives it.
+            self._group.broadcast([tensor], options).wait(self.timeout)
 
-    def close(self) -> None:
-        shutdown = getattr(self._group, "shutdown", None) or getattr(self._group, "abort", None)
-        if shutdown is not None:
+    def on_stream(self):
+        """The context that puts this group's copies and collectives on its own CUDA stream (no-op on CPU)."""
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
+    def close(self, abort: bool = False) -> None:
+        """Release the group. `abort`: the peer is dead or stalled, so do not wait for ops in flight."""
+        if self._group is not None:
+            release = self._group.abort if abort else self._group.shutdown
             try:
-                shutdown()
+                release()
             except RuntimeError:  # already broken: nothing left to release
                 pass
         self._group = self._store = None
+
+
+def transfer_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """A CUDA stream for a weight group's transfers on `device`, None off the GPU."""
+    return torch.cuda.Stream(device) if device.type == "cuda" else None
 
 
 def host_store(host: str, world_size: int, timeout_s: float) -> dist.TCPStore:
@@ -139,9 +178,10 @@ def send_weights(group: WeightGroup, state_dict: dict[str, torch.Tensor], plan: 
     """Rank 0: broadcast every bucket of `plan`, flattened, on the group's device."""
     for bucket in plan:
         dtype = getattr(torch, bucket["dtype"])
-        flat = torch.cat(
-            [state_dict[name].detach().reshape(-1).to(group.device, dtype) for name, _ in bucket["tensors"]]
-        )
+        with group.on_stream():  # the copies to the GPU too: nothing of the push on the training stream
+            flat = torch.cat(
+                [state_dict[name].detach().reshape(-1).to(group.device, dtype) for name, _ in bucket["tensors"]]
+            )
         group.broadcast(flat)
 
 

@@ -1,6 +1,8 @@
 """Shared fixtures: a real redis-server per test module, flushed between tests; the two tiers.
 
-`pytest -m "not slow"` is the unit tier (the inner loop); plain `pytest` runs everything. A test
+`pytest -m "not slow"` is the unit tier (the inner loop); plain `pytest` runs everything, except
+that tests marked `gpu` (tests/gpu) skip themselves where CUDA is absent (`pytest -m gpu` on a GPU
+machine, or scripts/gpu_check.sh, runs that tier). A test
 is slow when it starts Ray, Ray Serve or DeepSpeed, loads a model (SmolLM2, the tiny test model,
 the MiniLM embedder) or runs a command that does. A test that uses one of HEAVY_FIXTURES (itself
 or through another fixture) is marked here; a test that does the heavy thing itself carries the
@@ -68,9 +70,22 @@ HEAVY_FIXTURES = frozenset({"tiny_model_dir", "policy_tokenizer", "ray_cluster",
 
 
 def pytest_collection_modifyitems(items):
+    gpu_items = []
     for item in items:
         if HEAVY_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(pytest.mark.slow)  # a GPU test loads models and engines: never in the unit tier
+            gpu_items.append(item)
+    if gpu_items:
+        import torch  # only when a GPU test was collected: the unit tier does not pay for it
+
+        if not torch.cuda.is_available():
+            skip = pytest.mark.skip(
+                reason="needs a CUDA GPU (torch.cuda.is_available() is False): scripts/gpu_check.sh"
+            )
+            for item in gpu_items:
+                item.add_marker(skip)
 
 
 _RAY_BEFORE = pytest.StashKey[bool]()  # whether Ray was up before the test's setup (a module fixture's)

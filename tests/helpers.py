@@ -249,3 +249,25 @@ class LocalAutoscalingCluster(AutoscalingCluster):
             "rsync_filter": [],
             **config_kwargs,
         }
+
+
+def check_prefix_cache_reset(python: str, checkpoint: str, out_dir, timeout_s: int = 900) -> None:
+    """Run tests/actors/engines/vllm_prefix_cache_probe.py (a VllmEngine whose prefix cache is reset
+    while a request holds KV blocks) and check that a prompt cached before the reset is not after it."""
+    import os
+    import subprocess
+
+    probe = Path(__file__).resolve().parent / "actors/engines/vllm_prefix_cache_probe.py"
+    out_path = Path(out_dir) / "prefix_cache.json"
+    result = subprocess.run(
+        [python, str(probe), checkpoint, str(out_path)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = json.loads(out_path.read_text())
+    assert out["error"] is None, out["error"]
+    assert out["before"] > 0, "the prompt was never cached: the check cannot tell a reset from none"
+    assert out["after"] == 0, f"{out['after']} prompt tokens still came from the cache of the old weights"

@@ -36,16 +36,14 @@ import asyncio
 import contextlib
 import itertools
 import os
-import tempfile
 import threading
-from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
 from actors.engines.base import Generation, GenerationEngine, SamplingSettings, check_weight_names
 from actors.engines.vllm_worker import learner_weight_names
+from actors.engines.weight_staging import stage
 from slea.models import load_tokenizer, resolve_checkpoint
 
 WORKER_EXTENSION = "actors.engines.vllm_worker.WeightLoader"
@@ -56,7 +54,11 @@ def cpu_defaults(engine_args: dict) -> tuple[dict, dict[str, str]]:
     """(engine arguments, environment of the engine's processes) for vLLM's CPU build; the
     caller's `engine_args` and the environment's own VLLM_CPU_* variables win (see the module
     docstring for why each)."""
-    args = {} if "kv_cache_memory_bytes" in engine_args else {"kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+    # Eager on CPU only, as every CPU test runs it: without it vLLM's CPU build compiles the model with
+    # inductor at start-up (vllm/platforms/cpu.py check_and_update_config). On GPU see VllmEngine.__init__.
+    args = {"enforce_eager": True}
+    if "kv_cache_memory_bytes" not in engine_args:
+        args["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     env = {"OMP_NUM_THREADS": str(torch.get_num_threads())}  # VLLM_CPU_OMP_THREADS_BIND=auto sets its own
     if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
@@ -77,6 +79,19 @@ def environment(variables: dict[str, str]):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def engine_arguments(engine_args: dict, seed: int, on_cpu: bool) -> tuple[dict, dict[str, str]]:
+    """(vLLM engine arguments, environment of its processes): ours, the platform's defaults, then the
+    caller's `engine_args`, except `logprobs_mode`, which the learner's ratios depend on.
+
+    On GPU vLLM keeps its CUDA graphs and compilation (no enforce_eager): the in-place weight reload
+    copies the new values into the parameters' existing storage, so the addresses the graphs captured
+    stay valid (vllm/model_executor/model_loader/reload/layerwise.py _copy_and_restore_kernel_tensors,
+    "Preserves cudagraph references"; the tied-head refresh in vllm_worker.py copies in place too)."""
+    platform_args, env = cpu_defaults(engine_args) if on_cpu else ({}, {})
+    args = {"max_model_len": 4096, "seed": seed, **platform_args, **engine_args, "logprobs_mode": "processed_logprobs"}
+    return args, env
 
 
 class VllmEngine(GenerationEngine):
@@ -101,15 +116,7 @@ class VllmEngine(GenerationEngine):
         self._hf_config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
         self._weight_names: tuple[frozenset[str], frozenset[str]] | None = None  # (every name, tied), on first use
         engine_args = dict(engine_args or {})
-        platform_args, env = cpu_defaults(engine_args) if current_platform.is_cpu() else ({}, {})
-        args = {
-            "max_model_len": 4096,
-            "enforce_eager": True,
-            "seed": seed,
-            **platform_args,
-            **engine_args,
-            "logprobs_mode": "processed_logprobs",
-        }  # not overridable: the learner's ratios depend on it
+        args, env = engine_arguments(engine_args, seed, on_cpu=current_platform.is_cpu())
         self._args = AsyncEngineArgs(model=checkpoint, dtype=dtype, worker_extension_cls=WORKER_EXTENSION, **args)
         # Started here, so a model vLLM cannot serve fails where the engine is made (the actor's
         # constructor); it binds to an event loop on the first request, in whichever loop runs it.
@@ -202,25 +209,25 @@ class VllmEngine(GenerationEngine):
 
     async def _load_staged(self) -> None:
         (state_dict, version), self._staged = self._staged, None  # a load that fails is not retried
-        shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-        handle, path = tempfile.mkstemp(prefix="slea-weights-", suffix=".safetensors", dir=shm)
-        os.close(handle)
+        path = stage(state_dict)  # /dev/shm when it has room, else the temp dir (weight_staging.py)
         try:
-            tensors, seen = {}, set()
-            for name, tensor in state_dict.items():
-                if tensor.data_ptr() in seen:  # tied weights (lm_head = embeddings): vLLM ties them itself
-                    continue
-                seen.add(tensor.data_ptr())
-                tensors[name] = tensor.detach().to("cpu").contiguous()
-            save_file(tensors, path)
-            await self._engine.collective_rpc("slea_load_weights", args=(path,))
-            await self._engine.reset_prefix_cache()  # cached KV was computed by the old weights
+            await self._engine.collective_rpc("slea_load_weights", args=(str(path),))
+            await self._reset_prefix_cache()  # cached KV was computed by the old weights
         finally:
-            os.unlink(path)
+            path.unlink()
         self._version = version
 
     async def reset_prefix_cache(self) -> None:
-        await self._engine.reset_prefix_cache()
+        await self._ready()
+        await self._reset_prefix_cache()
+
+    async def _reset_prefix_cache(self) -> None:
+        """Drop every cached KV block. vLLM refuses (returns False, keeps the blocks of the old
+        weights) while any request holds a block; `reset_running_requests` preempts the running ones
+        (they are recomputed) so that the reset always happens (vllm/v1/core/sched/scheduler.py
+        Scheduler.reset_prefix_cache), and a False that still comes back is an error, never ignored."""
+        if not await self._engine.reset_prefix_cache(reset_running_requests=True):
+            raise RuntimeError("vLLM did not reset its prefix cache: KV blocks of the old weights would be reused")
 
     @property
     def weight_group_size(self) -> int:
@@ -244,7 +251,7 @@ class VllmEngine(GenerationEngine):
             try:
                 await self._idle.wait_for(lambda: self._in_flight == 0)
                 await self._engine.collective_rpc("slea_receive_weights", args=(plan,))
-                await self._engine.reset_prefix_cache()  # cached KV was computed by the old weights
+                await self._reset_prefix_cache()  # cached KV was computed by the old weights
                 self._version = version
                 if self._staged is not None and self._staged[1] <= version:
                     self._staged = None  # older than what just arrived

@@ -65,7 +65,7 @@ class WeightLoader:
         """With tied embeddings the reload skips `lm_head`, so the backend never re-derives the
         head's processed form (vLLM CPU keeps a packed copy in `cpu_linear`): redo it from the new
         table, or generation would go on with the old head."""
-        model = self.model_runner.model
+        model = self.model_runner.get_model()  # unwrapped: with CUDA graphs `.model` is a CUDAGraphWrapper
         head = getattr(model, "lm_head", None)
         if head is None or not getattr(model.config, "tie_word_embeddings", False):
             return

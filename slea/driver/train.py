@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.live import Live
 
 from slea.channels import RAY_NAMESPACE
-from slea.config import SleaConfig, check_trainable
+from slea.config import ConfigError, SleaConfig, check_trainable
 from slea.driver.progress import Progress, RunConsole, summary_lines
 from slea.redis_conn import connect
 from slea.services import STREAM_GROUPS, prepare_run_dir, redis_for_run, sigterm_as_interrupt
@@ -144,6 +144,7 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
     library_run, learner_runs = None, []
     summaries, stats = [], None
     try:
+        _check_gpus(config, console)
         sizer = PoolSizer(config, run_dir, console.note)  # first: a second driver of this run id stops here
         if config.library.enabled:
             with console.phase("starting the experience library (writer, Ray Serve retrieval app, MiniLM embeddings)"):
@@ -244,6 +245,19 @@ def _start_library(config: SleaConfig, run_dir):
     run = library.run.remote()
     start_serve_app(config, config.redis.url)  # replicas need no library yet: they answer 503 until it is published
     return library, run
+
+
+def _check_gpus(config: SleaConfig, console: RunConsole) -> None:
+    """Refuse (local Ray) or warn about (a cluster, which an autoscaler may grow) GPU requests that no
+    node can place, before a Ray actor waits for them (slea/driver/gpu_placement.py)."""
+    from slea.driver.gpu_placement import cluster_gpus_per_node, gpu_shortfall
+
+    shortfall = gpu_shortfall(config, cluster_gpus_per_node())
+    if shortfall is None:
+        return
+    if config.ray.address is None:
+        raise ConfigError(shortfall)
+    console.note(f"[yellow]warning[/]: {shortfall} (unless an autoscaler adds GPU nodes)")
 
 
 def _start_evaluator(config: SleaConfig, run_dir):

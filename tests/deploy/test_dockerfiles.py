@@ -179,3 +179,38 @@ def test_image_layout_matches_the_manifests(flavour):
     env = " ".join(rest for name, rest in steps if name == "ENV")
     assert "SLEA_CACHE_DIR=" in env and "SLEA_CACHE_DIR" in (REPO / "slea/models.py").read_text()
     assert "HF_HUB_OFFLINE=1" in env, "a pod never downloads a model"
+
+
+# The config each image runs on its own (a `docker run` of the image, no cluster around it).
+STANDALONE_CONFIGS = {"gpu": REPO / "configs/gpu.yaml"}
+
+
+def _installed_apt_packages(flavour: str) -> set[str]:
+    packages = set()
+    for name, rest in instructions(DOCKERFILES[flavour]):
+        if name == "RUN":
+            for command in re.findall(r"apt-get install ([^&;]+)", rest):
+                packages |= {word for word in command.split() if not word.startswith("-")}
+    return packages
+
+
+@pytest.mark.parametrize("flavour", STANDALONE_CONFIGS)
+def test_an_embedded_redis_config_gets_a_redis_server_in_its_image(flavour):
+    """configs/gpu.yaml sets redis.url: null (the CLI starts redis-server itself): redis-tools alone
+    (redis-cli) stops the run at start-up."""
+    config = load_config(STANDALONE_CONFIGS[flavour])
+    assert config.redis.url is None, "the standalone config no longer embeds Redis: this test is moot"
+    assert "redis-server" in _installed_apt_packages(flavour), f"{flavour}: installs {_installed_apt_packages(flavour)}"
+
+
+@pytest.mark.parametrize("flavour", STANDALONE_CONFIGS)
+def test_the_run_directory_exists_and_belongs_to_the_run_user(flavour):
+    """A fresh named volume mounted on a path the image has takes that path's owner; on a path the
+    image lacks it is root's, and the run (uid SLEA_UID) cannot create its run directory."""
+    run_dir = str(load_config(STANDALONE_CONFIGS[flavour]).run.dir)
+    runs = [rest for name, rest in instructions(DOCKERFILES[flavour]) if name == "RUN"]
+    made = [rest for rest in runs if re.search(rf"mkdir -p [^&]*{re.escape(run_dir)}\b", rest)]
+    assert made, f"{flavour}: no RUN makes {run_dir}"
+    assert re.search(rf'chown -R "\$\{{SLEA_UID\}}" [^&]*{re.escape(run_dir)}\b', made[0]), (
+        f"{flavour}: {run_dir} is made but not given to the run user"
+    )

@@ -59,3 +59,39 @@ def test_every_publish_is_recorded_in_redis_before_the_registry_announces_it(loc
     publisher.publish(2, {"w": torch.ones(1)})
     publisher.flush()
     assert record.latest() == publisher.latest_version() == 2
+
+
+def test_a_tied_table_is_copied_and_sent_once():
+    """Copied name by name, lm_head.weight and embed_tokens.weight became two tensors, and every
+    transport sent the table twice; the copy keeps them one tensor, which each transport sends once."""
+    import pickle
+
+    from learner.weights import cpu_copy
+    from slea.weight_group import plan_buckets
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = torch.nn.Embedding(1000, 64)
+            self.norm = torch.nn.LayerNorm(64)
+            self.lm_head = torch.nn.Linear(64, 1000, bias=False)
+            self.lm_head.weight = self.embed_tokens.weight
+
+    model = Tied()
+    copied = cpu_copy(model.state_dict())
+    assert list(copied) == list(model.state_dict())  # every name, for the receivers' name check
+    assert copied["lm_head.weight"] is copied["embed_tokens.weight"]
+    assert copied["norm.weight"].data_ptr() != model.norm.weight.data_ptr()  # a copy, not a view
+    table_bytes = 1000 * 64 * 4
+    assert sum(len(bucket["tensors"]) for bucket in plan_buckets(copied)) == 3  # table, norm weight and bias
+    assert len(pickle.dumps(copied)) < 1.2 * table_bytes  # the object store's serialisation: once
+    separate = {name: tensor.detach().to("cpu", copy=True) for name, tensor in model.state_dict().items()}
+    assert len(pickle.dumps(separate)) > 1.9 * table_bytes  # what the name-by-name copy cost
+
+
+def test_the_object_store_keeps_a_tied_table_one_tensor(local_ray):
+    from learner.weights import cpu_copy
+
+    table = torch.nn.Parameter(torch.randn(100, 8))
+    fetched = ray.get(ray.put(cpu_copy({"embed_tokens.weight": table, "lm_head.weight": table})))
+    assert fetched["lm_head.weight"].data_ptr() == fetched["embed_tokens.weight"].data_ptr()

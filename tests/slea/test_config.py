@@ -234,3 +234,19 @@ def test_local_runs_listen_on_loopback_and_bound_serve_queues():
         ConfigError, match="'library'.*target_ongoing_requests \\(9.0\\) must not exceed max_ongoing_requests \\(8\\)"
     ):
         load_config(None, ["library.target_ongoing_requests=9"])
+
+
+def test_a_collective_weight_transport_on_a_shared_gpu_is_refused():
+    """NCCL refuses two ranks on one device; the GPU config shares one GPU (0.5 + 0.5)."""
+    gpu = REPO / "configs/gpu.yaml"
+    assert load_config(gpu).learner.weight_transport == "object_store"
+    with pytest.raises(ConfigError, match="NCCL refuses the weight group"):
+        load_config(gpu, ["learner.weight_transport=collective"])
+    # Whole GPUs on either side cannot share one; CPU actors (vLLM CPU, transformers) use gloo or the object store.
+    for overrides in (
+        ["learner.num_gpus=1"],
+        ["actors.num_gpus=1"],
+        ["actors.num_gpus=0"],
+        ["actors.engine=transformers"],
+    ):
+        load_config(gpu, ["learner.weight_transport=collective", *overrides])

@@ -70,3 +70,38 @@ def test_a_receiver_that_never_joins_or_never_receives_costs_the_timeout_not_a_h
         send_weights(sender, {"w": torch.zeros(4_000_000)}, plan_buckets({"w": torch.zeros(4_000_000)}))
     assert time.monotonic() - started < 15
     sender.close(), receiver.close()
+
+
+def test_the_join_waits_for_every_rank_to_warm_up_and_times_out_without_it():
+    """A peer that is in the store and the process group but never takes the warm-up broadcast
+    (died right after joining) fails the join itself, within the timeout: the first weight push
+    is never the first collective of a link."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = host_store("127.0.0.1", 2, 2)
+    peer = {}
+
+    def join_without_warm_up():
+        prefixed = dist.PrefixStore("slea-weights", join_store("127.0.0.1", store.port, 2, 2))
+        peer["group"] = dist.ProcessGroupGloo(prefixed, 1, 2, timedelta(seconds=2))
+
+    thread = threading.Thread(target=join_without_warm_up)
+    thread.start()
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="[Tt]imed out"):
+        WeightGroup(store, 0, 2, "gloo", timeout_s=2)
+    assert time.monotonic() - started < 15
+    thread.join()
+
+
+def test_a_dropped_link_is_aborted_at_once_and_cpu_groups_have_no_stream():
+    sender, receiver = _pair(timeout_s=2)
+    assert sender.stream is None and receiver.stream is None  # a CUDA stream only for a GPU sender
+    with pytest.raises(RuntimeError, match="timed out"):
+        send_weights(sender, {"w": torch.zeros(1000)}, plan_buckets({"w": torch.zeros(1000)}))
+    started = time.monotonic()
+    sender.close(abort=True)
+    assert time.monotonic() - started < 5 and sender._group is None
+    receiver.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import perturbed_shipped_model
+from helpers import check_prefix_cache_reset, perturbed_shipped_model
 from safetensors.torch import save_file
 
 from learner.batch import TrainSample, collate, response_logits
@@ -87,3 +87,13 @@ def learner_logprobs(model, prompt_ids, response_ids, temperature: float = TEMPE
     batch = collate([sample], pad_id=0)
     with torch.no_grad():
         return gather_logprobs(response_logits(model, batch, temperature), batch.response_ids)[0].numpy()
+
+
+@pytest.mark.slow
+def test_the_prefix_cache_reset_happens_while_a_request_holds_blocks(tmp_path):
+    """vLLM's reset_prefix_cache() returns False and keeps every cached block (computed by the old
+    weights) while any request holds one; the engine releases the running requests so that the
+    reset happens, and a prompt cached before it finds nothing cached after it."""
+    python = vllm_interpreter()
+    checkpoint, _model, _replacement = perturbed_shipped_model(seed=0)
+    check_prefix_cache_reset(python, checkpoint, tmp_path)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU smoke check: the CUDA path that no CPU test reaches, on one GPU with the shipped
+# SmolLM2, in under 8 minutes. Run from the repository root on a GPU machine (or in the GPU image):
+#
+#   bash scripts/gpu_check.sh            # the gpu tier, then the learner and actor benchmarks
+#
+# Order (issue 24): environment -> vLLM alone -> weight update through the object store (checked
+# against transformers) and the prefix-cache reset -> one ZeRO-2 bf16 step -> learner and vLLM
+# sharing the GPU -> `slea train configs/gpu.yaml` for 2 steps -> the NCCL group under a timeout
+# (tests/gpu/test_gpu_path.py, in that order, stopping at the first failure), then
+# `slea bench learner --json` and `slea bench actors --json`, whose figures it prints.
+set -euo pipefail
+
+PYTHON="${PYTHON:-python}"
+if [ -x .venv/bin/python ] && [ "${PYTHON}" = python ]; then
+  PYTHON=.venv/bin/python
+fi
+
+if ! "${PYTHON}" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu_check: no CUDA GPU here (torch.cuda.is_available() is False in ${PYTHON}):" \
+       "run it on a GPU machine with the CUDA build of torch and the gpu extra (vllm)." >&2
+  exit 2
+fi
+"${PYTHON}" -c "import vllm" 2>/dev/null || {
+  echo "gpu_check: vLLM is not installed in ${PYTHON}: pip install 'slea-rl[gpu]'" >&2
+  exit 2
+}
+
+started=$(date +%s)
+echo "== gpu tier (tests/gpu, in the smoke order) =="
+"${PYTHON}" -m pytest tests/gpu -m gpu -x -s -q --timeout=480
+
+echo "== slea bench learner --json =="
+timeout 300 "${PYTHON}" -m slea.driver.cli bench learner --json | tee /tmp/slea-bench-learner.json
+echo "== slea bench actors --json =="
+timeout 300 "${PYTHON}" -m slea.driver.cli bench actors --json | tee /tmp/slea-bench-actors.json
+
+"${PYTHON}" - <<'EOF'
+import json
+
+def last_object(path):  # the JSON line, whatever a library logged around it
+    return json.loads([line for line in open(path) if line.startswith("{")][-1])
+
+
+learner, actors = last_object("/tmp/slea-bench-learner.json"), last_object("/tmp/slea-bench-actors.json")
+print("learner:", {k: learner.get(k) for k in ("device", "tokens_per_s", "ratio", "peak_memory_mb")})
+print("actors:", actors)
+EOF
+echo "gpu_check: done in $(( $(date +%s) - started )) s"

@@ -1,0 +1,59 @@
+"""Run by tests/actors/engines/test_vllm_engine.py in a subprocess (an interpreter with vllm):
+reset VllmEngine's prefix cache while a request is generating, and write as JSON how many prompt
+tokens a repeated prompt found cached before and after the reset.
+
+usage: python vllm_prefix_cache_probe.py CHECKPOINT_DIR OUT.json
+"""
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+
+def main(checkpoint: str, out: str) -> None:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from actors.engines.base import SamplingSettings
+    from actors.engines.vllm_engine import VllmEngine
+
+    engine = VllmEngine(checkpoint, SamplingSettings(max_new_tokens=4), engine_args={"max_model_len": 1024})
+    cached = engine.tokenizer("You are in the middle of a room. " * 40)["input_ids"][:320]  # many full KV blocks
+    running = engine.tokenizer("Your task is to: put a mug in the sink. " * 4)["input_ids"]
+
+    async def cached_tokens(prompt, max_tokens=1, started=None) -> int:
+        final = None
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        async for output in engine._engine.generate(
+            TokensPrompt(prompt_token_ids=prompt), params, request_id=str(id(params))
+        ):
+            if started is not None and not started.is_set():
+                started.set()
+            final = output
+        return final.num_cached_tokens
+
+    async def scenario():
+        await cached_tokens(cached)
+        before = await cached_tokens(cached)  # the prompt's blocks are cached now
+        started = asyncio.Event()
+        long_request = asyncio.create_task(cached_tokens(running, max_tokens=200, started=started))
+        await started.wait()  # it holds KV blocks while the reset runs
+        error = None
+        try:
+            await engine.reset_prefix_cache()
+        except Exception as exc:
+            error = repr(exc)
+        await long_request
+        after = await cached_tokens(cached)
+        return {"before": before, "after": after, "error": error}
+
+    result = asyncio.run(scenario())
+    engine.close()
+    Path(out).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
