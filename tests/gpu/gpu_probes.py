@@ -87,15 +87,17 @@ def object_store_update(checkpoint: str, weights: str, out_dir: str) -> dict:
 
 
 def zero2_bf16_step(checkpoint: str) -> dict:
-    """One ZeRO-2 bf16 learner batch on the GPU: dtypes of the module, the master copy and the
-    optimizer state, the loss, the behaviour/proximal log-ratio and the peak memory."""
+    """One ZeRO-2 learner batch computing in bf16 on the GPU: dtypes of the module (float32: the
+    masters), ZeRO's partitions and the optimizer state, the loss, the behaviour/proximal log-ratio
+    and the peak memory."""
     from learner.batch import TrainSample
     from learner.engine import PolicyTrainer
     from slea.config import LearnerConfig
     from slea.models import load_model
 
-    model, tokenizer = load_model(checkpoint, "bfloat16")
-    trainer = PolicyTrainer(model, LearnerConfig(zero_stage=2, num_gpus=1.0, mini_batches=2), tokenizer.pad_token_id)
+    model, tokenizer = load_model(checkpoint)
+    cfg = LearnerConfig(zero_stage=2, num_gpus=1.0, mini_batches=2, compute_dtype="bfloat16")
+    trainer = PolicyTrainer(model, cfg, tokenizer.pad_token_id)
     generator = torch.Generator().manual_seed(0)
     samples = []
     for i in range(8):
@@ -117,6 +119,7 @@ def zero2_bf16_step(checkpoint: str) -> dict:
     )
     return {
         "device": str(trainer.device),
+        "compute_dtype": str(trainer.compute_dtype),
         "module_dtype": str(next(trainer.module.parameters()).dtype),
         "master_dtypes": sorted({str(p.dtype) for p in masters}),
         "optimizer_state_dtypes": state_dtypes,
@@ -138,8 +141,9 @@ def shared_gpu(checkpoint: str) -> dict:
     from slea.models import load_model
 
     engine = _engine(checkpoint, "bfloat16", 0.45)
-    model, tokenizer = load_model(checkpoint, "bfloat16")
-    trainer = PolicyTrainer(model, LearnerConfig(zero_stage=2, num_gpus=0.5, mini_batches=1), tokenizer.pad_token_id)
+    model, tokenizer = load_model(checkpoint)
+    cfg = LearnerConfig(zero_stage=2, num_gpus=0.5, mini_batches=1, compute_dtype="bfloat16")
+    trainer = PolicyTrainer(model, cfg, tokenizer.pad_token_id)
     prompts = _prompts(engine.tokenizer, 8)
     generations = engine.generate_batch(prompts)
     samples = [

@@ -95,7 +95,7 @@ def test_3_object_store_update_matches_transformers_and_the_prefix_cache_resets(
 def test_4_zero2_bf16_step(shipped):
     out = probe("zero2_bf16_step", shipped)
     assert out["device"] == "cuda:0" and out["finite"], out
-    assert out["module_dtype"] == "torch.bfloat16"
+    assert out["compute_dtype"] == "torch.bfloat16" and out["module_dtype"] == "torch.float32"  # autocast over masters
     assert out["master_dtypes"] == ["torch.float32"], "bf16 parameters are never stepped without an fp32 master"
     assert set(out["optimizer_state_dtypes"]) <= {"torch.float32"}, out["optimizer_state_dtypes"]
     # Behaviour log-probs are the learner's own: the decoupled-PPO weight is ~1, nothing masked.
