@@ -239,3 +239,21 @@ def test_compute_context_is_autocast_only_for_a_lower_precision():
         assert not torch.is_autocast_enabled("cpu")
     with compute_context(torch.device("cpu"), torch.bfloat16):
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def test_bf16_logits_are_cast_to_float32_before_the_temperature_divides_them():
+    """A bf16 model (vLLM's Qwen on a GPU, say) gives bf16 logits: divided in bf16 they round again."""
+    model, tokenizer = tiny_model()
+    model = model.to(torch.bfloat16)
+    batch = collate(samples(), tokenizer.pad_token_id)
+    with torch.no_grad():
+        logits = response_logits(model, batch, temperature=0.7)
+        raw = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            logits_to_keep=batch.response_ids.shape[1] + 1,
+        ).logits[:, :-1]
+    assert raw.dtype == torch.bfloat16 and logits.dtype == torch.float32
+    assert torch.equal(logits, raw.float() / 0.7)
+    assert not torch.equal(logits, (raw / 0.7).float())  # what dividing first would have given
