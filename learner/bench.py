@@ -6,7 +6,9 @@ Three figures, all from one run (machines here are noisy: read ratios, not absol
   the trainer's lean step: the first mini-batch is not scored separately), so this is what
   DeepSpeed costs or saves.
 - `mfu`: model FLOPs per second over the best matmul rate this machine reached in the same run
-  (`matmul_peak`, 2048^2 in bf16 and in fp32). Model FLOPs count 6 x non-embedding parameters per
+  (`matmul_peak`, 2048^2 in bf16 and in fp32, measured before every timed round, best kept: a
+  peak taken once, under a passing load, would understate the limit; 512^2 for a bf16 that is
+  not native, where one 2048^2 product takes a minute). Model FLOPs count 6 x non-embedding parameters per
   trained token, 2 x per token scored without grad, and the LM head (d x V per position) on the
   response positions it runs on; attention's sequence-length term is left out (under 5% at 256).
 - `bf16_over_fp32`: the same trainer step with `learner.compute_dtype` bf16 against fp32. Where the
@@ -227,9 +229,15 @@ def bench_learner(
     """
     cuda = torch.cuda.is_available()
     device = torch.device("cuda") if cuda else torch.device("cpu")
-    peaks = {"bfloat16": matmul_peak(torch.bfloat16), "float32": matmul_peak(torch.float32)}
     model, tokenizer = tiny_model() if model_name == "tiny" else load_model(model_name)
     native = native_bf16(device.type)
+    peaks = dict.fromkeys(("bfloat16", "float32"), 0.0)
+
+    def measure_peaks() -> None:
+        for name in peaks:
+            size = 2048 if native or name == "float32" else 512
+            peaks[name] = max(peaks[name], matmul_peak(getattr(torch, name), size=size, seconds=0.5))
+
     primary = resolve_dtype("auto", device.type)
     arms = ["float32", "bfloat16"] if native else ["float32"]
     samples = synthetic_samples(batch_size, prompt_tokens, response_tokens, model.config.vocab_size)
@@ -269,6 +277,7 @@ def bench_learner(
     timings: dict[str, list[float]] = {side: [] for side in runs}
     transient = dict.fromkeys(runs, 0)
     for _ in range(steps):
+        measure_peaks()
         for side, run in runs.items():
             seconds, peak = _timed(run, cuda)
             timings[side].append(seconds)
