@@ -27,7 +27,7 @@ PASSWORD = "tls-test-password"
 
 
 def _certificate(subject: str, key, issuer_name, issuer_key, *, ca: bool):
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
