@@ -17,6 +17,7 @@ import sys
 
 import pytest
 import redis
+from required_tools import under_ci
 
 from slea.embedded_redis import EmbeddedRedis
 
@@ -108,6 +109,28 @@ def pytest_runtest_call(item):
     if _ray_running() and not item.stash[_RAY_BEFORE] and item.get_closest_marker("slow") is None:
         raise pytest.fail.Exception(f"{item.nodeid} starts Ray: mark it slow (see tests/conftest.py)", pytrace=False)
     return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI a skip is a failure: a run that skipped what it could not find proves less than its
+    green says. On a developer's clone the skip stays, saying how to install what is missing."""
+    return _skip_fails_under_ci((yield))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """The same for a whole module skipped while it is collected."""
+    return _skip_fails_under_ci((yield))
+
+
+def _skip_fails_under_ci(report):
+    if report.skipped and under_ci() and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI (CI=true), where every test must run: {reason}"
+    return report
 
 
 _exit_status: int | None = None

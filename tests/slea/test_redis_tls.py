@@ -10,6 +10,10 @@ import ipaddress
 import numpy as np
 import pytest
 import redis
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from slea.config import RedisConfig
 from slea.embedded_redis import EmbeddedRedis
@@ -17,11 +21,6 @@ from slea.ports import free_port
 from slea.records import StepRecord
 from slea.redis_conn import connect
 from slea.streams import StreamConsumer, StreamProducer
-
-x509 = pytest.importorskip("cryptography.x509", reason="pip install cryptography (the dev extra)")
-from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
-from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
-from cryptography.x509.oid import NameOID  # noqa: E402
 
 PASSWORD = "tls-test-password"
 
