@@ -13,13 +13,25 @@ Ray without it fails, so the unit tier stays fast as tests are added.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 import redis
 from required_tools import under_ci
 
 from slea.embedded_redis import EmbeddedRedis
+
+_RAY_TMPDIR = tempfile.mkdtemp(prefix="slea-tests-")
+
+
+def pytest_configure(config):
+    """Every Ray the suite starts in-process or in a `slea train` it runs keeps its sessions under a
+    directory of this run's own (RAY_TMPDIR; short, for Ray's socket paths), not in /tmp/ray where a
+    user's cluster keeps its session_latest. A cluster a test starts with `ray start` gets its own
+    (tests/helpers.py TaggedRay)."""
+    os.environ["RAY_TMPDIR"] = _RAY_TMPDIR
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +160,7 @@ def pytest_unconfigure(config):
     Ray, torch and the embedding model leave native threads behind; tearing the interpreter down
     under them can segfault after every test has passed (seen in CI: 359 passed, exit 139), which
     would turn a green run red. Nothing is left to run at this point, so exit without teardown."""
+    shutil.rmtree(_RAY_TMPDIR, ignore_errors=True)
     if _exit_status is not None:
         sys.stdout.flush()
         sys.stderr.flush()
