@@ -1,6 +1,6 @@
 """A test whose tool is missing skips on a developer's clone, saying how to install it, and fails
 under CI (tests/conftest.py, tests/required_tools.py); .ci/run turns CI on and names the KubeRay
-CRDs. Each case runs pytest on a small test file, with the suite's conftest, in a subprocess."""
+CRDs. The CI case runs pytest, with the suite's conftest, on a small test file in a subprocess."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+import required_tools
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -39,26 +42,30 @@ def run_pytest(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_missing_tool_skips_with_how_to_install_it_on_a_developers_clone(tmp_path):
-    result = run_pytest(tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 skipped" in result.stdout, result.stdout
-    assert "promtool not found: apt-get install prometheus" in result.stdout
-    assert "set SLEA_KUBERAY_CRDS to a directory holding ray.io_rayclusters.yaml" in result.stdout
+def test_a_missing_tool_skips_with_how_to_install_it_on_a_developers_clone(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(required_tools, "VENV_BIN", Path("/nonexistent"))
+    monkeypatch.delenv(required_tools.CRDS_VARIABLE, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="promtool not found: apt-get install prometheus"):
+        required_tools.promtool()
+    with pytest.raises(pytest.skip.Exception, match="set SLEA_KUBERAY_CRDS to a directory holding ray.io_rayclusters"):
+        required_tools.kuberay_crds()
 
 
-def test_a_missing_tool_fails_under_ci(tmp_path):
+def test_crds_named_but_not_there_fail_even_off_ci(monkeypatch, tmp_path):
+    monkeypatch.setenv(required_tools.CRDS_VARIABLE, str(tmp_path))
+    (tmp_path / "ray.io_rayjobs.yaml").write_text("{}")
+    with pytest.raises(pytest.fail.Exception, match="lacks ray.io_rayclusters.yaml, ray.io_rayservices.yaml"):
+        required_tools.kuberay_crds()
+
+
+def test_under_ci_every_skip_is_a_failure_naming_what_is_missing(tmp_path):
+    """The suite's conftest, with CI=true, on a file whose two tests skip: both fail, naming why."""
     result = run_pytest(tmp_path, CI="true")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "2 failed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1], result.stdout
     assert "skipped under CI (CI=true), where every test must run: promtool not found" in result.stdout
     assert "skipped under CI (CI=true), where every test must run: KubeRay CRDs not given" in result.stdout
-
-
-def test_crds_named_but_not_there_fail_even_off_ci(tmp_path):
-    result = run_pytest(tmp_path, SLEA_KUBERAY_CRDS=str(tmp_path / "nowhere"))
-    assert "1 failed" in result.stdout and "1 skipped" in result.stdout, result.stdout
-    assert f"SLEA_KUBERAY_CRDS={tmp_path / 'nowhere'} lacks ray.io_rayclusters.yaml" in result.stdout
 
 
 def test_ci_run_is_strict_and_names_the_crds_beside_the_clone():
