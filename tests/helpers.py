@@ -308,7 +308,7 @@ class LocalAutoscalingCluster(AutoscalingCluster):
     the nodes the autoscaler starts are processes of the head's monitor and carry it too); and
     `_generate_config` builds the config that Ray 2.60's wheel lacks (`fake_multi_node/example.yaml`)."""
 
-    def start(self, _system_config=None, override_env: dict | None = None) -> str:
+    def start(self, override_env: dict | None = None) -> str:
         """Start the head (the autoscaler in its monitor); returns the GCS address to join."""
         self.ray = TaggedRay()
         head = dict(self._head_resources)

@@ -23,7 +23,7 @@ import pytest
 from helpers import TaggedRay, check_a_broken_run, lineage, tiny_run
 
 from library.persistence import latest_snapshot, parse_snapshot
-from slea.channels import policy_version_key
+from slea.channels import inflight_key, policy_version_key
 from slea.config import load_config
 from slea.records import decode
 from slea.streams import PAYLOAD_FIELD
@@ -110,17 +110,25 @@ def test_a_run_resumes_after_its_whole_ray_cluster_is_gone(cluster, tmp_path, re
     redis_client.xgroup_create(stream, "audit", id="0")
 
     # Train until a step past a checkpoint, with a library snapshot on disk: then the cluster goes,
-    # the learner frozen first so that it dies between checkpoints.
+    # the learner frozen first so that it dies between checkpoints, and the actor workers frozen
+    # with an episode listed in flight, so that the kill cuts one short (a worker whose group is
+    # done waits while the frozen learner's lag passes redis.max_lag: it may have none in flight).
     deadline = time.monotonic() + 240
     while True:
         trace = trace_of(run_dir)
         if trace and trace[-1]["learner_step"] > CHECKPOINT_EVERY and latest_snapshot(run_dir) is not None:
             if cluster.signal("ray::LearnerProcess", signal.SIGSTOP) == 1:
                 if trace_of(run_dir)[-1]["learner_step"] % CHECKPOINT_EVERY != 0:
-                    break
-                cluster.signal("ray::LearnerProcess", signal.SIGCONT)  # frozen on a checkpoint: a little further
+                    cluster.signal("ray::ActorWorkerProcess", signal.SIGSTOP)
+                    if any(redis_client.hlen(inflight_key(config.run.id, worker)) for worker in range(2)):
+                        break
+                    cluster.signal("ray::ActorWorkerProcess", signal.SIGCONT)
+                # frozen on a checkpoint, or with no episode in flight: a little further
+                cluster.signal("ray::LearnerProcess", signal.SIGCONT)
         assert driver.poll() is None, f"slea train exited early ({driver.returncode}):\n{log_tail(first_log)}"
-        assert time.monotonic() < deadline, f"no step past a checkpoint in 240 s:\n{log_tail(first_log)}"
+        assert time.monotonic() < deadline, (
+            f"no step past a checkpoint with an episode in flight in 240 s:\n{log_tail(first_log)}"
+        )
         time.sleep(0.2)
     driver.kill()
     driver.wait()
