@@ -224,25 +224,29 @@ class TaggedRay:
     """Ray processes one test starts (`ray start`), and only those: every process of the cluster,
     the workers Ray forks included, carries `SLEA_TEST_CLUSTER=<marker>` in its environment, so the
     test can signal and stop exactly them (never `ray stop`, which ends every Ray on the machine).
-    Each cluster gets a temp dir of its own under /tmp (short: Ray's socket paths must fit 107
-    bytes), not the shared /tmp/ray."""
+    Each cluster gets a temp dir of its own, `<root>/ray` with a short root under /tmp (Ray's socket
+    paths must fit 107 bytes), not the shared /tmp/ray; with RAY_TMPDIR=<root>, `ray.init("auto")`
+    finds that cluster (its address file is there) and no other."""
 
     def __init__(self, env: dict | None = None):
         self.marker = f"slea-test-{uuid.uuid4().hex}"
         bin_dir = os.path.dirname(sys.executable)  # the venv's `ray`, for `ray start` and its workers
         base = dict(os.environ if env is None else env)
         self.env = {**base, "PATH": f"{bin_dir}{os.pathsep}{base.get('PATH', '')}", "SLEA_TEST_CLUSTER": self.marker}
-        self.temp_dirs: list[str] = []
+        self.roots: list[str] = []  # one per cluster started: RAY_TMPDIR for a driver joining it by "auto"
         self.address: str | None = None
 
     def start_head(self, *args: str, env: dict | None = None, port: int | None = None) -> str:
         """`ray start --head ARGS` on `port` (default: a free one) and a new temp dir; returns the
         GCS address. `env` adds to the cluster's environment."""
-        temp_dir = tempfile.mkdtemp(prefix="slea-ray-")
-        self.temp_dirs.append(temp_dir)
+        self.roots.append(tempfile.mkdtemp(prefix="slea-ray-"))
         port = port or free_port()
+        # Free ports for the head's services that default to fixed ones, where a user's Ray listens.
+        fixed = ("--ray-client-server-port", "--dashboard-port", "--dashboard-agent-listen-port")
         result = subprocess.run(
-            ["ray", "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--disable-usage-stats", *args],
+            ["ray", "start", "--head", f"--port={port}", f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]
+            + [f"{option}={free_port()}" for option in fixed]
+            + list(args),
             env={**self.env, **(env or {})},
             capture_output=True,
             text=True,
@@ -253,9 +257,14 @@ class TaggedRay:
         return self.address
 
     @property
+    def temp_dir(self) -> Path:
+        """The newest cluster's temp dir."""
+        return Path(self.roots[-1]) / "ray"
+
+    @property
     def session_dir(self) -> Path:
         """The newest cluster's session directory (its logs/ hold monitor.log, raylet.out, ...)."""
-        return Path(self.temp_dirs[-1]) / "session_latest"
+        return self.temp_dir / "session_latest"
 
     def processes(self, title_prefix: str = "") -> list[psutil.Process]:
         """This cluster's live processes whose command line starts with `title_prefix`."""
@@ -297,8 +306,8 @@ class TaggedRay:
     def close(self) -> None:
         """stop(), then remove the temp dirs."""
         self.stop()
-        for temp_dir in self.temp_dirs:
-            shutil.rmtree(temp_dir, ignore_errors=True)
+        for root in self.roots:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 class LocalAutoscalingCluster(AutoscalingCluster):

@@ -44,16 +44,20 @@ NODE_TYPES = {
 
 
 @pytest.fixture
-def cluster():
+def cluster(monkeypatch):
     """The autoscaling cluster (its own processes and temp dir), and this process connected to it
     (to watch its nodes)."""
     types = {name: {**spec, "node_config": {}, "min_workers": 0} for name, spec in NODE_TYPES.items()}
     autoscaling = LocalAutoscalingCluster(
         head_resources={"CPU": 1, "object_store_memory": 200 * MB}, worker_node_types=types, idle_timeout_minutes=0.1
     )
-    address = autoscaling.start()
+    autoscaling.start()
     try:
-        ray.init(address=address, log_to_driver=False)
+        # "auto" finds this cluster's address file in its own temp dir and, like `ray start` for the
+        # cluster, turns on token auth when this machine holds ~/.ray/auth_token (for this process and
+        # the `slea train` and `slea scale` it starts); an explicit address would not.
+        monkeypatch.setenv("RAY_TMPDIR", autoscaling.ray.roots[-1])
+        ray.init(address="auto", log_to_driver=False)
         yield autoscaling
     finally:
         ray.shutdown()
