@@ -95,7 +95,8 @@ def test_mini_batches_clip_against_the_weights_before_the_batch():
     weights before the first one, as the plain loop above does; from the second step on the ratio
     leaves 1 and the clip bites, and one sample's behaviour weight is over the cap. Before PPO
     mini-batches the learner took one step per batch with ratio 1: clip_fraction was always 0."""
-    cfg = LearnerConfig(lr=1e-3, mini_batches=4, ppo_epochs=2, micro_batch_tokens=16)
+    # fp32 compute, as the loop: bf16 autocast over the fp32 masters is checked in test_precision.py
+    cfg = LearnerConfig(lr=1e-3, mini_batches=4, ppo_epochs=2, micro_batch_tokens=16, compute_dtype="float32")
     batch = samples()
     batch[2].behaviour_logprobs[:] = -13.0  # weight e^(-10.8 + 13) ~ 9 > behav_weight_cap 5: masked out
     model, tokenizer = tiny_model()
