@@ -3,7 +3,7 @@
 `pytest -m "not slow"` is the unit tier (the inner loop); plain `pytest` runs everything, except
 that tests marked `gpu` (tests/gpu) are deselected where CUDA is absent (`pytest -m gpu` on a GPU
 machine, or scripts/gpu_check.sh, runs that tier): a GPU is a kind of machine, not a tool to
-install, so it is not a skip, which fails a CI run. A test
+install, and under CI a skip fails the run. A test
 is slow when it starts Ray, Ray Serve or DeepSpeed, loads a model (SmolLM2, the tiny test model,
 the MiniLM embedder) or runs a command that does. A test that uses one of HEAVY_FIXTURES (itself
 or through another fixture) is marked here; a test that does the heavy thing itself carries the

@@ -24,16 +24,22 @@ def test_needs_promtool():
 def test_needs_the_crds():
     kuberay_crds()
 """
+SKIPPED_MODULE = """
+import pytest
+
+pytest.importorskip("no_such_package", reason="no_such_package not installed: pip install it")
+"""
 
 
 def run_pytest(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_needs_tools.py").write_text(NEEDS_TOOLS)
+    (tmp_path / "test_skipped_module.py").write_text(SKIPPED_MODULE)
     environment = {key: value for key, value in os.environ.items() if key not in ("CI", "SLEA_KUBERAY_CRDS")}
     # a PATH without promtool (required_tools looks in the venv's bin first, which has none)
     environment |= {"PATH": str(tmp_path), "PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}", **env}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "test_needs_tools.py"],
+        [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", "--continue-on-collection-errors"],
         cwd=tmp_path,
         env=environment,
         capture_output=True,
@@ -60,10 +66,12 @@ def test_crds_named_but_not_there_fail_even_off_ci(monkeypatch, tmp_path):
 
 
 def test_under_ci_every_skip_is_a_failure_naming_what_is_missing(tmp_path):
-    """The suite's conftest, with CI=true, on a file whose two tests skip: both fail, naming why."""
+    """The suite's conftest, with CI=true, on a file whose two tests skip and a module skipped as it
+    is collected: all three fail, naming why."""
     result = run_pytest(tmp_path, CI="true")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "2 failed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1], result.stdout
+    assert "2 failed, 1 error" in result.stdout and "skipped" not in result.stdout.splitlines()[-1], result.stdout
+    assert "where every test must run: no_such_package not installed: pip install it" in result.stdout
     assert "skipped under CI (CI=true), where every test must run: promtool not found" in result.stdout
     assert "skipped under CI (CI=true), where every test must run: KubeRay CRDs not given" in result.stdout
 
