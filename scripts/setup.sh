@@ -35,6 +35,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${need_apt[@]}"
 fi
 
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+  echo "setup: slea-rl needs Python 3.11 or newer (pyproject.toml requires-python), python3 is $(python3 --version 2>&1)" >&2
+  exit 1
+}
 [ -x .venv/bin/python ] || python3 -m venv .venv
 py=.venv/bin/python
 $py -m pip install -q --upgrade pip

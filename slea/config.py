@@ -1,8 +1,9 @@
 """Run configuration: one YAML file per run, one pydantic model per component.
 
-Every field has a default (the reference defaults of DESIGN.md) and a one-line description,
-so `configs/*.yaml` only spells out what a run changes. Unknown keys are errors, because a
-typo in an RL config silently training with a default is the most expensive bug there is.
+Every field has a default (the reference code's, kingofspace0wzz/slea-rl and verl-agent) and a
+one-line description, so `configs/*.yaml` only spells out what a run changes. Unknown keys are
+errors, because a typo in an RL config silently training with a default is the most expensive
+bug there is.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The step stream: a pipelined producer and an at-least-once consumer-group reader.
 
-Semantics (DESIGN.md, "Stream semantics"): every consumer group sees every entry; a consumer
+Semantics (docs/architecture.md, "The step stream"): every consumer group sees every entry; a consumer
 reads its own pending entries first after a restart, then new ones; it acknowledges only
 after the caller says the effect is durable; entries idle too long in a dead consumer are
 claimed (XPENDING + XCLAIM); an entry delivered `max_deliveries` times, or one that does not decode,

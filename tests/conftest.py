@@ -1,8 +1,9 @@
 """Shared fixtures: a real redis-server per test module, flushed between tests; the two tiers.
 
 `pytest -m "not slow"` is the unit tier (the inner loop); plain `pytest` runs everything, except
-that tests marked `gpu` (tests/gpu) skip themselves where CUDA is absent (`pytest -m gpu` on a GPU
-machine, or scripts/gpu_check.sh, runs that tier). A test
+that tests marked `gpu` (tests/gpu) are deselected where CUDA is absent (`pytest -m gpu` on a GPU
+machine, or scripts/gpu_check.sh, runs that tier): a GPU is a kind of machine, not a tool to
+install, and under CI a skip fails the run. A test
 is slow when it starts Ray, Ray Serve or DeepSpeed, loads a model (SmolLM2, the tiny test model,
 the MiniLM embedder) or runs a command that does. A test that uses one of HEAVY_FIXTURES (itself
 or through another fixture) is marked here; a test that does the heavy thing itself carries the
@@ -13,12 +14,25 @@ Ray without it fails, so the unit tier stays fast as tests are added.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 import redis
+from required_tools import under_ci
 
 from slea.embedded_redis import EmbeddedRedis
+
+_RAY_TMPDIR = tempfile.mkdtemp(prefix="slea-tests-")
+
+
+def pytest_configure(config):
+    """Every Ray the suite starts in-process or in a `slea train` it runs keeps its sessions under a
+    directory of this run's own (RAY_TMPDIR; short, for Ray's socket paths), not in /tmp/ray where a
+    user's cluster keeps its session_latest. A cluster a test starts with `ray start` gets its own
+    (tests/helpers.py TaggedRay)."""
+    os.environ["RAY_TMPDIR"] = _RAY_TMPDIR
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +83,7 @@ def policy_tokenizer(tiny_model_dir):
 HEAVY_FIXTURES = frozenset({"tiny_model_dir", "policy_tokenizer", "ray_cluster", "local_ray", "embedder"})
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     gpu_items = []
     for item in items:
         if HEAVY_FIXTURES.intersection(getattr(item, "fixturenames", ())):
@@ -81,11 +95,8 @@ def pytest_collection_modifyitems(items):
         import torch  # only when a GPU test was collected: the unit tier does not pay for it
 
         if not torch.cuda.is_available():
-            skip = pytest.mark.skip(
-                reason="needs a CUDA GPU (torch.cuda.is_available() is False): scripts/gpu_check.sh"
-            )
-            for item in gpu_items:
-                item.add_marker(skip)
+            config.hook.pytest_deselected(items=gpu_items)
+            items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
 
 
 _RAY_BEFORE = pytest.StashKey[bool]()  # whether Ray was up before the test's setup (a module fixture's)
@@ -110,6 +121,28 @@ def pytest_runtest_call(item):
     return result
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI a skip is a failure: a run that skipped what it could not find proves less than its
+    green says. On a developer's clone the skip stays, saying how to install what is missing."""
+    return _skip_fails_under_ci((yield))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """The same for a whole module skipped while it is collected."""
+    return _skip_fails_under_ci((yield))
+
+
+def _skip_fails_under_ci(report):
+    if report.skipped and under_ci() and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI (CI=true), where every test must run: {reason}"
+    return report
+
+
 _exit_status: int | None = None
 
 
@@ -125,6 +158,7 @@ def pytest_unconfigure(config):
     Ray, torch and the embedding model leave native threads behind; tearing the interpreter down
     under them can segfault after every test has passed (seen in CI: 359 passed, exit 139), which
     would turn a green run red. Nothing is left to run at this point, so exit without teardown."""
+    shutil.rmtree(_RAY_TMPDIR, ignore_errors=True)
     if _exit_status is not None:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 import torch
+from ray._private.services import get_node_ip_address
 from ray.cluster_utils import AutoscalingCluster
 
+from slea.ports import free_port
 from slea.records import decode
 from slea.streams import PAYLOAD_FIELD
 
@@ -209,11 +220,125 @@ def check_a_broken_run(run_dir, config, client) -> StreamAudit:
     return audit
 
 
+class TaggedRay:
+    """Ray processes one test starts (`ray start`), and only those: every process of the cluster,
+    the workers Ray forks included, carries `SLEA_TEST_CLUSTER=<marker>` in its environment, so the
+    test can signal and stop exactly them (never `ray stop`, which ends every Ray on the machine).
+    Each cluster gets a temp dir of its own, `<root>/ray` with a short root under /tmp (Ray's socket
+    paths must fit 107 bytes), not the shared /tmp/ray; with RAY_TMPDIR=<root>, `ray.init("auto")`
+    finds that cluster (its address file is there) and no other."""
+
+    def __init__(self, env: dict | None = None):
+        self.marker = f"slea-test-{uuid.uuid4().hex}"
+        bin_dir = os.path.dirname(sys.executable)  # the venv's `ray`, for `ray start` and its workers
+        base = dict(os.environ if env is None else env)
+        self.env = {**base, "PATH": f"{bin_dir}{os.pathsep}{base.get('PATH', '')}", "SLEA_TEST_CLUSTER": self.marker}
+        self.roots: list[str] = []  # one per cluster started: RAY_TMPDIR for a driver joining it by "auto"
+        self.address: str | None = None
+
+    def start_head(self, *args: str, env: dict | None = None, port: int | None = None) -> str:
+        """`ray start --head ARGS` on `port` (default: a free one) and a new temp dir; returns the
+        GCS address. `env` adds to the cluster's environment."""
+        self.roots.append(tempfile.mkdtemp(prefix="slea-ray-"))
+        port = port or free_port()
+        # Free ports for the head's services that default to fixed ones, where a user's Ray listens.
+        fixed = ("--ray-client-server-port", "--dashboard-port", "--dashboard-agent-listen-port")
+        result = subprocess.run(
+            ["ray", "start", "--head", f"--port={port}", f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]
+            + [f"{option}={free_port()}" for option in fixed]
+            + list(args),
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, f"ray start --head failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
+        self.address = f"{get_node_ip_address()}:{port}"
+        return self.address
+
+    @property
+    def temp_dir(self) -> Path:
+        """The newest cluster's temp dir."""
+        return Path(self.roots[-1]) / "ray"
+
+    @property
+    def session_dir(self) -> Path:
+        """The newest cluster's session directory (its logs/ hold monitor.log, raylet.out, ...)."""
+        return self.temp_dir / "session_latest"
+
+    def processes(self, title_prefix: str = "") -> list[psutil.Process]:
+        """This cluster's live processes whose command line starts with `title_prefix`."""
+        found = []
+        for process in psutil.process_iter(["cmdline", "name", "status"]):
+            try:
+                if process.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue
+                title = " ".join(process.info["cmdline"] or [process.info["name"] or ""])
+                if title.startswith(title_prefix) and process.environ().get("SLEA_TEST_CLUSTER") == self.marker:
+                    found.append(process)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return found
+
+    def signal(self, title_prefix: str, signum: int) -> int:
+        """Send `signum` to this cluster's processes whose title starts with `title_prefix`
+        (an actor's worker is titled `ray::<ActorClass>`); returns how many got it."""
+        sent = 0
+        for process in self.processes(title_prefix):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signum)
+                sent += 1
+        return sent
+
+    def stop(self, timeout_s: float = 60) -> None:
+        """SIGKILL every process of this cluster at once (as `ray stop --force` would, for this one
+        only: nothing gets to shut down) and wait until none is left."""
+        deadline = time.monotonic() + timeout_s
+        while left := self.processes():
+            assert time.monotonic() < deadline, (
+                f"processes of the test's Ray cluster still alive after {timeout_s:.0f} s: {[p.pid for p in left]}"
+            )
+            for process in left:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        """stop(), then remove the temp dirs."""
+        self.stop()
+        for root in self.roots:
+            shutil.rmtree(root, ignore_errors=True)
+
+
 class LocalAutoscalingCluster(AutoscalingCluster):
-    """Ray's own AutoscalingCluster (the real autoscaler, nodes as processes on this machine) for a
-    wheel without `fake_multi_node/example.yaml`, which its `_generate_config` reads (Ray 2.60's
-    lacks it): the same config, built here. Ray's start() and shutdown() run `ray stop --force`,
-    which ends every Ray on the machine: call them under the machine's heavy lock only."""
+    """Ray's own AutoscalingCluster (the real autoscaler, nodes as processes on this machine), with
+    two changes: its start() and shutdown() run `ray stop --force`, which ends every Ray on the
+    machine, so here the cluster is a TaggedRay (its own temp dir and port, stopped by its marker:
+    the nodes the autoscaler starts are processes of the head's monitor and carry it too); and
+    `_generate_config` builds the config that Ray 2.60's wheel lacks (`fake_multi_node/example.yaml`)."""
+
+    def start(self, override_env: dict | None = None) -> str:
+        """Start the head (the autoscaler in its monitor); returns the GCS address to join."""
+        self.ray = TaggedRay()
+        head = dict(self._head_resources)
+        args = [f"--num-cpus={head.pop('CPU')}"] if "CPU" in head else []
+        if "object_store_memory" in head:
+            args.append(f"--object-store-memory={head.pop('object_store_memory')}")
+        if head:
+            args.append(f"--resources={json.dumps(head)}")
+        config_file = Path(tempfile.mkdtemp(prefix="slea-autoscaler-")) / "autoscaling.json"
+        self._config_file = config_file
+        port = free_port()
+        # The fake provider's nodes join the head at the provider's gcs_address (by default port 6379,
+        # where a user's own `ray start` listens).
+        self._config["provider"]["gcs_address"] = f"{get_node_ip_address()}:{port}"
+        config_file.write_text(json.dumps(self._config))
+        env = {"AUTOSCALER_UPDATE_INTERVAL_S": "1", "RAY_FAKE_CLUSTER": "1", **(override_env or {})}
+        return self.ray.start_head(f"--autoscaling-config={config_file}", *args, env=env, port=port)
+
+    def shutdown(self) -> None:
+        self.ray.close()
+        shutil.rmtree(self._config_file.parent, ignore_errors=True)
 
     def _generate_config(self, head_resources, worker_node_types, autoscaler_v2=False, **config_kwargs):
         if autoscaler_v2:

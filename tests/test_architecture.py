@@ -1,4 +1,4 @@
-"""The house's arrows run one way (DESIGN.md "Layout"), and the code is linted and formatted:
+"""The house's arrows run one way (docs/architecture.md "Layout"), and the code is linted and formatted:
 import-linter's contracts (.importlinter), ruff's lint and ruff's formatter, as pre-commit runs them."""
 
 import configparser

@@ -1,13 +1,13 @@
 """A run outlives its whole Ray cluster (issue 13, item 4): `slea train` on a Ray head started as a
 process of its own and an external Redis (AOF on) trains a few steps with checkpoints and library
-snapshots; then the driver is SIGKILLed and the cluster stopped with `ray stop --force` (the
-learner, the library writer, Serve, the actors and the weight registry all go at once, nothing
-gets to shut down). On a new cluster `slea train --resume RUN_DIR` continues: the learner from its
+snapshots; then the driver and every process of the cluster are SIGKILLed (the learner, the
+library writer, Serve, the actors and the weight registry all go at once, nothing gets to shut
+down). On a new cluster `slea train --resume RUN_DIR` continues: the learner from its
 checkpoint, the library from its snapshot, the version line continuous (no number given twice,
 none skipped), nothing trained twice, the rolled-back updates redone from the re-read entries.
 
-`ray stop --force` stops every Ray on the machine: run this test alone (CI does; on a shared
-machine, under the heavy lock).
+Only the processes of the test's own cluster are killed (tests/helpers.py TaggedRay): a Ray of
+the user's, or a benchmark beside the suite, goes on.
 """
 
 import json
@@ -17,83 +17,41 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
-import psutil
 import pytest
-from helpers import check_a_broken_run, lineage, tiny_run
+from helpers import TaggedRay, check_a_broken_run, lineage, tiny_run
 
 from library.persistence import latest_snapshot, parse_snapshot
-from slea.channels import policy_version_key
+from slea.channels import inflight_key, policy_version_key
 from slea.config import load_config
-from slea.ports import free_port
 from slea.records import decode
 from slea.streams import PAYLOAD_FIELD
 
 pytestmark = pytest.mark.slow
 SLEA = [sys.executable, "-m", "slea.driver.cli"]
-BIN = Path(sys.executable).parent  # the venv's `ray`, first on PATH for `ray start` and its workers
 CHECKPOINT_EVERY = 3  # the cluster goes between two checkpoints: a step or two are lost and redone
-
-
-class Cluster:
-    """A local Ray cluster as its own processes (`ray start --head`), outliving any driver."""
-
-    def __init__(self, env: dict):
-        self.marker = f"slea-resume-{uuid.uuid4().hex}"  # in the environment of every process of the cluster
-        self.env = {**env, "SLEA_TEST_CLUSTER": self.marker}
-        self.address: str | None = None
-
-    def signal_actors(self, actor_class: str, signum: int) -> int:
-        """Send `signum` to this cluster's worker processes of `actor_class`; returns how many got it.
-        SIGSTOP freezes the learner, so the kill lands in the state the test read (a tiny model trains
-        several steps a second), SIGCONT lets it go on."""
-        sent = 0
-        for process in psutil.process_iter(["name", "cmdline"]):
-            try:
-                title = " ".join(process.info["cmdline"] or [process.info["name"] or ""])
-                if (
-                    title.startswith(f"ray::{actor_class}")
-                    and process.environ().get("SLEA_TEST_CLUSTER") == self.marker
-                ):
-                    process.send_signal(signum)
-                    sent += 1
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        return sent
-
-    def start(self) -> str:
-        port = free_port()
-        subprocess.run(
-            [BIN / "ray", "start", "--head", f"--port={port}", "--num-cpus=4"]
-            + ["--include-dashboard=false", "--disable-usage-stats"],
-            env=self.env,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        self.address = f"127.0.0.1:{port}"
-        return self.address
-
-    def stop(self) -> None:
-        subprocess.run([BIN / "ray", "stop", "--force"], env=self.env, capture_output=True, timeout=120)
 
 
 @pytest.fixture
 def cluster():
     # Token authentication, as on KubeRay (deploy/k8s): explicit, so the test does not depend on
     # whether this machine holds a ~/.ray/auth_token (`ray start` turns auth on when it does).
-    env = {
-        **os.environ,
-        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN": secrets.token_hex(32),
-    }
-    ray_cluster = Cluster(env)
+    ray_cluster = TaggedRay(
+        {
+            **os.environ,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        }
+    )
     yield ray_cluster
-    ray_cluster.stop()
+    ray_cluster.close()
+
+
+def start_cluster(cluster: TaggedRay) -> str:
+    """A local Ray cluster as its own processes (`ray start --head`), outliving any driver."""
+    return cluster.start_head("--num-cpus=4", "--include-dashboard=false")
 
 
 def trace_of(run_dir: Path) -> list[dict]:
@@ -115,7 +73,7 @@ def test_a_run_resumes_after_its_whole_ray_cluster_is_gone(cluster, tmp_path, re
     settings = [
         *tiny_run(tmp_path, "resume", tiny_model_dir),
         f"redis.url={redis_url}",
-        f"ray.address={cluster.start()}",
+        f"ray.address={start_cluster(cluster)}",
         "actors.num_workers=2",
         "actors.num_cpus=0.5",
         "actors.max_staleness=1000",
@@ -144,27 +102,37 @@ def test_a_run_resumes_after_its_whole_ray_cluster_is_gone(cluster, tmp_path, re
     # An audit group that never reads: the driver trims only what every group acknowledged, so the
     # whole stream stays for the counts. Created as soon as the driver made the stream (a stream that
     # exists before the run would be refused), tens of seconds before the first entry.
+    deadline = time.monotonic() + 120
     while not redis_client.exists(stream):
         assert driver.poll() is None, f"slea train exited early ({driver.returncode}):\n{log_tail(first_log)}"
+        assert time.monotonic() < deadline, f"slea train made no stream {stream} in 120 s:\n{log_tail(first_log)}"
         time.sleep(0.05)
     redis_client.xgroup_create(stream, "audit", id="0")
 
     # Train until a step past a checkpoint, with a library snapshot on disk: then the cluster goes,
-    # the learner frozen first so that it dies between checkpoints.
+    # the learner frozen first so that it dies between checkpoints, and the actor workers frozen
+    # with an episode listed in flight, so that the kill cuts one short (a worker whose group is
+    # done waits while the frozen learner's lag passes redis.max_lag: it may have none in flight).
     deadline = time.monotonic() + 240
     while True:
         trace = trace_of(run_dir)
         if trace and trace[-1]["learner_step"] > CHECKPOINT_EVERY and latest_snapshot(run_dir) is not None:
-            if cluster.signal_actors("LearnerProcess", signal.SIGSTOP) == 1:
+            if cluster.signal("ray::LearnerProcess", signal.SIGSTOP) == 1:
                 if trace_of(run_dir)[-1]["learner_step"] % CHECKPOINT_EVERY != 0:
-                    break
-                cluster.signal_actors("LearnerProcess", signal.SIGCONT)  # frozen on a checkpoint: a little further
+                    cluster.signal("ray::ActorWorkerProcess", signal.SIGSTOP)
+                    if any(redis_client.hlen(inflight_key(config.run.id, worker)) for worker in range(2)):
+                        break
+                    cluster.signal("ray::ActorWorkerProcess", signal.SIGCONT)
+                # frozen on a checkpoint, or with no episode in flight: a little further
+                cluster.signal("ray::LearnerProcess", signal.SIGCONT)
         assert driver.poll() is None, f"slea train exited early ({driver.returncode}):\n{log_tail(first_log)}"
-        assert time.monotonic() < deadline, f"no step past a checkpoint in 240 s:\n{log_tail(first_log)}"
+        assert time.monotonic() < deadline, (
+            f"no step past a checkpoint with an episode in flight in 240 s:\n{log_tail(first_log)}"
+        )
         time.sleep(0.2)
     driver.kill()
     driver.wait()
-    cluster.stop()
+    cluster.stop()  # every process of the cluster, SIGKILLed at once
 
     before = trace_of(run_dir)
     saved = checkpoint_state(run_dir)
@@ -178,7 +146,7 @@ def test_a_run_resumes_after_its_whole_ray_cluster_is_gone(cluster, tmp_path, re
 
     # A new cluster; the run continues from its directory and its stream.
     started_at = time.time()
-    new_address = cluster.start()
+    new_address = start_cluster(cluster)
     resumed_at = time.time()
     target = before[-1]["learner_step"] + 2  # redo the rolled-back steps, then two new ones
     second_log = tmp_path / "second.log"

@@ -9,6 +9,9 @@ every finished episode trained on at most once, nothing acknowledged without its
 durable, abandoned episodes dropped, the policy version line without gap or repeat.
 """
 
+import json
+import os
+import signal
 import time
 
 import pytest
@@ -75,6 +78,12 @@ class Run:
         serve.shutdown()
 
 
+def trained_steps(run_dir) -> list[dict]:
+    """The learner's trace, one line per step it published (learner/learner.py _trace)."""
+    path = run_dir / "learner" / "trained_groups.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
 def library_replicas() -> list[str]:
     return [
         actor["name"]
@@ -132,11 +141,23 @@ def test_killing_every_component_loses_nothing_and_trains_nothing_twice(faulty_r
         "the learner to drop them",
     )
 
-    # 2. The learner dies between checkpoints (every 2 steps: an odd version is published, not saved);
+    # 2. The learner dies between checkpoints (every 2 steps: an odd step is published, not saved);
     # a new one resumes from its checkpoint, re-reads its pending entries and redoes the lost step.
-    run.wait(lambda: run.version() % 2 == 1, "a step published but not yet checkpointed")
-    killed_at = run.version()
-    ray.kill(run.learner)
+    # It is frozen before its step is read (a tiny model trains several steps a second), so that it
+    # dies at the step the test read.
+    pid = ray.get(run.learner.__ray_call__.remote(lambda _learner: os.getpid()))
+    deadline = time.monotonic() + 90
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        last = trained_steps(run.run_dir)[-1]
+        if last["learner_step"] % 2 == 1:
+            break
+        os.kill(pid, signal.SIGCONT)  # frozen on a checkpointed step: a little further
+        assert time.monotonic() < deadline, "no learner step published but not checkpointed in 90 s"
+        run.pool.supervise()
+        time.sleep(0.2)
+    killed_at = last["policy_version"]
+    os.kill(pid, signal.SIGKILL)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(run.learner_run, timeout=30)
     run.start_learner()

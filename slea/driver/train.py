@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Callable
 
 import ray
 from rich.console import Console
@@ -108,36 +109,14 @@ def train(config: SleaConfig, resume_dir: str | None = None) -> int:
 
 def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False) -> int:
     from actors.pool import ActorPool
-    from learner.checkpoint import latest_checkpoint
     from learner.process import start_learner
-    from monitoring.ray_metrics import use_ray_metrics
     from slea.driver.pool_control import PoolSizer
 
     client = connect(config.redis)
     stream = config.stream_key()
     for group in STREAM_GROUPS:
         ensure_group(client, stream, group)
-    with console.phase(
-        "starting Ray" if config.ray.address is None else f"joining the Ray cluster {config.ray.address}"
-    ):
-        ray.init(
-            address=config.ray.address,
-            num_cpus=config.ray.num_cpus if config.ray.address is None else None,
-            namespace=RAY_NAMESPACE,
-            include_dashboard=False,
-            log_to_driver=False,
-            ignore_reinit_error=True,
-            logging_level=logging.WARNING,  # our own lines say what starts; Ray's INFO lines would bury them
-        )
-    from ray import serve  # noqa: F401  (imported first: importing it sets its driver-side logger to INFO)
-
-    logging.getLogger("ray.serve").setLevel(logging.WARNING)
-    if config.monitoring.metrics_port is None:
-        use_ray_metrics()  # the driver's gauges (stream lag) go out through Ray's metrics port too
-    else:
-        from monitoring.metrics import serve_metrics
-
-        serve_metrics(config.monitoring.metrics_port, config.monitoring.metrics_host)
+    _join_ray(config, console)
     recorder = _recorder(config, run_dir)
     progress = Progress(config)
     library = learner = pool = sizer = None
@@ -177,32 +156,27 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
             if console.console.is_terminal
             else None
         )
+        watch = Watch(
+            config,
+            client,
+            pool,
+            sizer,
+            drain_learner=lambda: ray.get(learner.drain_metrics.remote()),
+            library_stats=(lambda: ray.get(library.stats.remote())) if library is not None else lambda: None,
+            progress=progress,
+            recorder=recorder,
+            console=console,
+            evals=evals,
+            live=live,
+        )
         with live or contextlib.nullcontext():
             while True:
                 done, _ = ray.wait(learner_runs, timeout=POLL_S)  # any rank returning ends the learner
-                pool.supervise()
-                lags = {name: group.lag for name, group in group_stats(client, stream).items()}
-                trim_acknowledged(client, stream, list(STREAM_GROUPS) if config.library.enabled else ["learner"])
-                stats = ray.get(library.stats.remote()) if library is not None else None
-                summaries = pool.summaries()
-                learner_steps = ray.get(learner.drain_metrics.remote())
-                sizer.update(summaries, learner_steps)
-                for metrics in learner_steps:
-                    progress.add_step(metrics)
-                    line = run_metrics(metrics, lags, stats, summaries)
-                    recorder.record(metrics["learner_step"], line)
-                    if not console.console.is_terminal:  # logs (CI, kubectl logs) get one line per step instead
-                        console.note(progress.log_line(line))
-                    if evals is not None:
-                        evals.on_learner_step(metrics["learner_step"])
-                if evals is not None:
-                    _record_evals(evals.poll(), progress, recorder, console)
-                    _show_eval_progress(evals, progress, console)
-                if live is not None:
-                    live.update(progress.table(summaries, lags.get("learner", 0), stats))
+                watch.step()
                 if done:
                     ray.get(learner_runs)  # surfaces a learner failure (on any rank)
                     break
+        summaries, stats = watch.summaries, watch.stats
         if evals is not None:  # the last policy's point: actors stop first, so it gets the CPUs
             summaries = pool.stop() or summaries
             pool = None
@@ -224,6 +198,39 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
             _shutdown(pool, learner, learner_runs, library, library_run, recorder)
             ray.shutdown()
             client.close()
+    _print_summary(run_dir, progress, summaries, stats, console)
+    return 0
+
+
+def _join_ray(config: SleaConfig, console: RunConsole) -> None:
+    """Start a local Ray or join `ray.address`; the driver's metrics go out on Ray's port or their own."""
+    from monitoring.ray_metrics import use_ray_metrics
+
+    with console.phase(
+        "starting Ray" if config.ray.address is None else f"joining the Ray cluster {config.ray.address}"
+    ):
+        ray.init(
+            address=config.ray.address,
+            num_cpus=config.ray.num_cpus if config.ray.address is None else None,
+            namespace=RAY_NAMESPACE,
+            include_dashboard=False,
+            log_to_driver=False,
+            ignore_reinit_error=True,
+            logging_level=logging.WARNING,  # our own lines say what starts; Ray's INFO lines would bury them
+        )
+    from ray import serve  # noqa: F401  (imported first: importing it sets its driver-side logger to INFO)
+
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    if config.monitoring.metrics_port is None:
+        use_ray_metrics()  # the driver's gauges (stream lag) go out through Ray's metrics port too
+    else:
+        from monitoring.metrics import serve_metrics
+
+        serve_metrics(config.monitoring.metrics_port, config.monitoring.metrics_host)
+
+
+def _print_summary(run_dir, progress: Progress, summaries: list[dict], stats, console: RunConsole) -> None:
+    from learner.checkpoint import latest_checkpoint
     from slea.driver.run_outputs import read_metrics
 
     evaluations = [entry for entry in read_metrics(run_dir) if "eval/success_rate" in entry]
@@ -232,7 +239,62 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
     console.console.print("[green]done[/]: " + lines[0], highlight=False, soft_wrap=True)
     for line in lines[1:]:
         console.console.print("  " + line, highlight=False, soft_wrap=True)
-    return 0
+
+
+class Watch:
+    """What the driver does every poll while the run goes (slea/driver/train.py _run calls step()
+    every POLL_S until the learner returns): supervise the pool, read the stream's lags and trim
+    what every group acknowledged, drain the learner's steps into metrics.jsonl and the sinks (one
+    log line each off a terminal), apply `slea scale` and the autoscaler, feed the evaluator, and
+    redraw the live table. Its collaborators come in as arguments, so one step is tested alone
+    (tests/slea/driver/test_train.py)."""
+
+    def __init__(
+        self,
+        config: SleaConfig,
+        client,
+        pool,
+        sizer,
+        *,
+        drain_learner: Callable[[], list[dict]],
+        library_stats: Callable[[], dict | None],
+        progress: Progress,
+        recorder,
+        console: RunConsole,
+        evals=None,
+        live: Live | None = None,
+    ):
+        self.config, self.client, self.pool, self.sizer = config, client, pool, sizer
+        self.stream = config.stream_key()
+        self.trimmed_groups = list(STREAM_GROUPS) if config.library.enabled else ["learner"]
+        self.drain_learner, self.library_stats = drain_learner, library_stats
+        self.progress, self.recorder, self.console, self.evals, self.live = progress, recorder, console, evals, live
+        self.summaries: list[dict] = []  # the actor workers' latest summaries
+        self.stats: dict | None = None  # the library's latest sizes and version
+
+    def step(self) -> list[dict]:
+        """One poll; returns the learner steps it drained."""
+        self.pool.supervise()
+        lags = {name: group.lag for name, group in group_stats(self.client, self.stream).items()}
+        trim_acknowledged(self.client, self.stream, self.trimmed_groups)
+        self.stats = self.library_stats()
+        self.summaries = self.pool.summaries()
+        learner_steps = self.drain_learner()
+        self.sizer.update(self.summaries, learner_steps)
+        for metrics in learner_steps:
+            self.progress.add_step(metrics)
+            line = run_metrics(metrics, lags, self.stats, self.summaries)
+            self.recorder.record(metrics["learner_step"], line)
+            if not self.console.console.is_terminal:  # logs (CI, kubectl logs) get one line per step instead
+                self.console.note(self.progress.log_line(line))
+            if self.evals is not None:
+                self.evals.on_learner_step(metrics["learner_step"])
+        if self.evals is not None:
+            _record_evals(self.evals.poll(), self.progress, self.recorder, self.console)
+            _show_eval_progress(self.evals, self.progress, self.console)
+        if self.live is not None:
+            self.live.update(self.progress.table(self.summaries, lags.get("learner", 0), self.stats))
+        return learner_steps
 
 
 def _start_library(config: SleaConfig, run_dir):

@@ -11,7 +11,7 @@ from helpers import forward_logprobs
 
 from actors.pool import ActorPool
 from learner.weights import RayWeightPublisher
-from slea.channels import RAY_NAMESPACE
+from slea.channels import RAY_NAMESPACE, sync_claims_key
 from slea.config import load_config
 from slea.models import tiny_model
 from slea.records import StepRecord, decode
@@ -48,13 +48,12 @@ def stream_records(client, config) -> list[StepRecord]:
     return [decode(fields[PAYLOAD_FIELD]) for _id, fields in client.xrange(config.stream_key())]
 
 
-def wait_for(predicate, timeout_s=240, interval_s=0.5):
+def wait_for(predicate, what: str, timeout_s: float = 240, interval_s: float = 0.5) -> None:
+    """Poll `predicate` until it holds; fail naming `what` after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
         time.sleep(interval_s)
-    return False
 
 
 def episodes_of(records):
@@ -78,7 +77,7 @@ def test_pool_plays_groups_into_the_stream(ray_cluster, redis_url, tiny_model_di
     client = redis.Redis.from_url(redis_url)
     pool = ActorPool(config, redis_url)
     pool.scale(2)
-    assert wait_for(lambda: sum(r.done for r in stream_records(client, config)) >= 16)
+    wait_for(lambda: sum(r.done for r in stream_records(client, config)) >= 16, "16 finished episodes")
     summaries = pool.stop()
     assert len(summaries) == 2 and all(s["groups_started"] >= 1 for s in summaries)
     records = stream_records(client, config)
@@ -110,7 +109,7 @@ def test_ab_groups_split_with_and_without_experience(ray_cluster, redis_url, tin
     client = redis.Redis.from_url(redis_url)
     pool = ActorPool(config, redis_url)
     pool.scale(1)  # no library is deployed: every retrieval is a miss, the pool still produces
-    assert wait_for(lambda: sum(r.done for r in stream_records(client, config)) >= 4)
+    wait_for(lambda: sum(r.done for r in stream_records(client, config)) >= 4, "4 finished episodes")
     (summary,) = pool.stop()
     assert summary["retrieval_misses"] > 0
     flags = defaultdict(dict)
@@ -118,9 +117,10 @@ def test_ab_groups_split_with_and_without_experience(ray_cluster, redis_url, tin
         if not record.abandoned:
             flags[record.group_id][record.episode_id] = record.with_experience
             assert record.library_version == -1 and record.experience_ids == []
-    for members in flags.values():
-        if len(members) == 4:
-            assert [members[k] for k in sorted(members)] == [True, True, False, False]
+    complete = [members for members in flags.values() if len(members) == 4]
+    assert complete, "no group finished all of its 4 episodes"
+    for members in complete:
+        assert [members[k] for k in sorted(members)] == [True, True, False, False]
 
 
 def test_published_weights_reach_the_next_steps(ray_cluster, redis_url, tiny_model_dir):
@@ -128,12 +128,12 @@ def test_published_weights_reach_the_next_steps(ray_cluster, redis_url, tiny_mod
     client = redis.Redis.from_url(redis_url)
     pool = ActorPool(config, redis_url)
     pool.scale(1)
-    assert wait_for(lambda: len(stream_records(client, config)) >= 2)
+    wait_for(lambda: len(stream_records(client, config)) >= 2, "the first steps")
     new_model, _ = tiny_model(seed=9)
     publisher = RayWeightPublisher(config.run.id)
     publisher.publish(1, {k: v.clone() for k, v in new_model.state_dict().items()})
     publisher.flush()
-    assert wait_for(lambda: any(r.policy_version == 1 for r in stream_records(client, config)))
+    wait_for(lambda: any(r.policy_version == 1 for r in stream_records(client, config)), "a step of version 1")
     pool.stop()
     updated = [r for r in stream_records(client, config) if r.policy_version == 1]
     for record in updated[:3]:
@@ -150,7 +150,7 @@ def test_killed_worker_leaves_no_half_episode_and_the_pool_refills(ray_cluster, 
     pool = ActorPool(config, redis_url)
     pool.scale(1)
     worker = pool.workers[0]
-    assert wait_for(lambda: len(stream_records(client, config)) >= 3)
+    wait_for(lambda: len(stream_records(client, config)) >= 3, "the first steps")
     assert len(pool.summaries()) == 1
     ray.kill(worker, no_restart=False)  # the process dies mid-episode; Ray restarts the actor
     assert len(pool.summaries()) == 1  # restarting or restarted: the driver's display loop goes on
@@ -159,9 +159,12 @@ def test_killed_worker_leaves_no_half_episode_and_the_pool_refills(ray_cluster, 
         pool.supervise()  # loop starts again and first marks its predecessor's half episodes abandoned
         return any(r.abandoned for r in stream_records(client, config))
 
-    assert wait_for(marked_while_supervised, timeout_s=120, interval_s=1)
+    wait_for(marked_while_supervised, "the restarted worker's abandon markers", timeout_s=120, interval_s=1)
     killed_at = len(stream_records(client, config))
-    assert wait_for(lambda: sum(r.done and not r.abandoned for r in stream_records(client, config)[killed_at:]) >= 4)
+    wait_for(
+        lambda: sum(r.done and not r.abandoned for r in stream_records(client, config)[killed_at:]) >= 4,
+        "4 episodes finished after the restart",
+    )
     pool.stop()
     assert_complete_or_abandoned(stream_records(client, config))
 
@@ -178,15 +181,20 @@ def test_synchronous_mode_plays_one_batch_per_version(ray_cluster, redis_url, ti
     def done_at(version):
         return sum(r.done for r in stream_records(client, config) if r.policy_version == version and not r.abandoned)
 
-    assert wait_for(lambda: done_at(0) >= 8)  # the batch of version 0: 2 groups of 4
-    time.sleep(3)  # the workers wait for the learner instead of playing ahead
-    assert len(groups_at(0)) == 2 and done_at(0) == 8
-    publisher = RayWeightPublisher(config.run.id)
-    publisher.publish(1, tiny_model(seed=9)[0].state_dict())
-    publisher.flush()
-    assert wait_for(lambda: done_at(1) >= 8)
-    time.sleep(3)
-    assert len(groups_at(1)) == 2 and done_at(1) == 8
+    def refused(version) -> int:
+        """Groups asked for at `version` beyond its batch: a worker whose group is done asks for
+        another, is refused and waits for the next version (actors/worker.py _sync_slot_claimed)."""
+        return int(client.hget(sync_claims_key(config.run.id), str(version)) or 0) - 2
+
+    for version in (0, 1):
+        # The batch of the version (2 groups of 4) is done and the workers asked past it: refused.
+        wait_for(lambda v=version: done_at(v) >= 8 and refused(v) >= 2, f"the workers refused at version {version}")
+        assert len(groups_at(version)) == 2 and done_at(version) == 8
+        if version == 0:
+            publisher = RayWeightPublisher(config.run.id)
+            publisher.publish(1, tiny_model(seed=9)[0].state_dict())
+            publisher.flush()
+    assert len(groups_at(0)) == 2, "a group was played on version 0 after its batch"
     pool.stop()
     ray.kill(ray.get_actor(f"slea-weights-{config.run.id}", namespace=RAY_NAMESPACE))
 
@@ -196,14 +204,16 @@ def test_workers_are_added_and_removed_while_the_pool_runs(ray_cluster, redis_ur
     client = redis.Redis.from_url(redis_url)
     pool = ActorPool(config, redis_url)
     pool.scale(1)
-    assert wait_for(lambda: len(stream_records(client, config)) >= 2)
+    wait_for(lambda: len(stream_records(client, config)) >= 2, "the first steps")
     pool.scale(2)  # add one while the first is mid-group: scale() does not wait for it to load
-    assert wait_for(lambda: any(s["worker"] == 1 and s["groups_started"] >= 1 for s in pool.summaries()))
+    wait_for(
+        lambda: any(s["worker"] == 1 and s["groups_started"] >= 1 for s in pool.summaries()), "worker 1's first group"
+    )
     assert pool.alive == 2
     pool.scale(1)  # remove it again: it stops in the background, its episodes in flight marked abandoned
     assert sorted(pool.workers) == [0]
-    assert wait_for(lambda: pool.reap() == 0, timeout_s=60)
-    assert wait_for(lambda: len(stream_records(client, config)) >= 12)  # the remaining worker keeps producing
+    wait_for(lambda: pool.reap() == 0, "the removed worker to stop", timeout_s=60)
+    wait_for(lambda: len(stream_records(client, config)) >= 12, "12 steps")  # the remaining worker keeps producing
     pool.stop()
     assert_complete_or_abandoned(stream_records(client, config))
 

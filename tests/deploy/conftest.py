@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
-from k8s_render import K8S, OVERLAYS, REPO, kustomize
+from k8s_render import K8S, OVERLAYS, kustomize
+from required_tools import kuberay_crds
 
 
 @pytest.fixture(scope="session")
@@ -17,16 +16,9 @@ def rendered() -> dict[str, list[dict]]:
 
 @pytest.fixture(scope="session")
 def kuberay_schemas() -> dict[str, dict]:
-    """Kind -> the v1 OpenAPI v3 schema of the KubeRay CRD, from ../shared/schemas/kuberay."""
-    for root in (REPO.parent / "shared" / "schemas" / "kuberay", Path("/work/shared/schemas/kuberay")):
-        if root.is_dir():
-            break
-    else:
-        pytest.skip(
-            "KubeRay CRD schemas not found (../shared/schemas/kuberay beside the repository): Ray kinds not validated"
-        )
+    """Kind -> the v1 OpenAPI v3 schema of the KubeRay CRD, from the directory $SLEA_KUBERAY_CRDS names."""
     schemas = {}
-    for path in sorted(root.glob("ray.io_*.yaml")):
+    for path in sorted(kuberay_crds().glob("ray.io_*.yaml")):
         crd = yaml.load(
             path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
         )  # the C parser: these files are large

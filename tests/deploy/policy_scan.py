@@ -14,14 +14,13 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import yaml
 from k8s_render import REPO, ray_cluster_specs, ray_pod_groups
+from required_tools import checkov_command
 
 README = REPO / "deploy" / "README.md"
 
@@ -33,16 +32,6 @@ class Accepted:
     check: str  # checkov check id, e.g. CKV_K8S_21
     resource: str  # fnmatch pattern over "<Kind>/<name>" as the scan names it
     reason: str  # why it is accepted (must not be empty)
-
-
-def checkov_command() -> list[str]:
-    venv_python = REPO / ".venv-checkov" / "bin" / "python"
-    if venv_python.exists():
-        return [str(venv_python), "-m", "checkov.main"]
-    found = shutil.which("checkov")
-    if found is None:
-        pytest.skip("checkov not found: scripts/setup.sh --dev builds .venv-checkov (pip install checkov)")
-    return [found]
 
 
 def scan_input(manifests: list[dict]) -> list[dict]:

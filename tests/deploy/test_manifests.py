@@ -10,6 +10,7 @@ from importlib.metadata import version
 from urllib.parse import urlparse
 
 import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 from k8s_render import (
@@ -88,9 +89,6 @@ def test_strict_crd_validation_catches_a_typo(rendered, kuberay_schemas):
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_core_kinds_validate(rendered, overlay):
-    kubernetes_validate = pytest.importorskip(
-        "kubernetes_validate", reason="pip install kubernetes-validate (the dev extra)"
-    )
     for doc in rendered[overlay]:
         if doc["kind"] in CORE_KINDS:
             kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)

@@ -16,6 +16,7 @@ import pytest
 import redis
 from k8s_render import K8S, entrypoint_config, find, kustomize
 from prometheus_client.parser import text_string_to_metric_families
+from required_tools import redis_exporter
 
 from library.sync import deltas_key, epoch_key, snapshot_key
 from slea.channels import inflight_key, policy_version_key, sync_claims_key
@@ -205,9 +206,7 @@ def test_maxmemory_with_noeviction(shipped_redis):
 
 
 def test_the_real_exporter_scrapes_redis_as_its_own_user(shipped_redis):
-    binary = shutil.which("prometheus-redis-exporter")
-    if binary is None:
-        pytest.skip("prometheus-redis-exporter not installed (scripts/setup.sh --dev installs it)")
+    binary = redis_exporter()
     local, port = shipped_redis["local"], shipped_redis["port"]
     password_file = shipped_redis["paths"][ACL_DIR] / "exporter-passwords.json"
     # the pod's exporter reaches Redis at localhost:6379; here Redis listens on `port`

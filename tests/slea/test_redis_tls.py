@@ -10,6 +10,10 @@ import ipaddress
 import numpy as np
 import pytest
 import redis
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from slea.config import RedisConfig
 from slea.embedded_redis import EmbeddedRedis
@@ -18,16 +22,11 @@ from slea.records import StepRecord
 from slea.redis_conn import connect
 from slea.streams import StreamConsumer, StreamProducer
 
-x509 = pytest.importorskip("cryptography.x509", reason="pip install cryptography (the dev extra)")
-from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
-from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
-from cryptography.x509.oid import NameOID  # noqa: E402
-
 PASSWORD = "tls-test-password"
 
 
 def _certificate(subject: str, key, issuer_name, issuer_key, *, ca: bool):
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 from helpers import forward_logprobs, perturbed_shipped_model
-from test_vllm_engine import vllm_interpreter
+from required_tools import vllm_python
 
 from slea.weight_group import WeightGroup, host_store, plan_buckets, send_weights
 
 
 @pytest.mark.slow
 def test_vllm_engine_receives_broadcast_weights(tmp_path):
-    python = vllm_interpreter()
+    python = vllm_python()
     checkpoint, model, replacement = perturbed_shipped_model(seed=1)
     weights = replacement.state_dict()  # lm_head.weight is tied: the plan sends it once
     plan = plan_buckets(weights, torch.float32, bucket_bytes=64 * 2**20)

