@@ -14,7 +14,9 @@ the engine's construction (vLLM: its processes, the model and the KV cache).
 Each engine runs in float32 and in bfloat16 (`bf16_over_fp32`: the bf16 figures over the fp32
 ones). Where bf16 is not native (no AMX or AVX512-BF16: slea/precision.py) the bf16 run is left
 out and the report says why: there it is some hundred times slower, and `actors.dtype: auto`
-never picks it. `vllm_over_transformers` compares the dtype `auto` picks here.
+never picks it. `vllm_over_transformers` compares the dtype `auto` picks here. vLLM runs once more
+in that dtype without Debian's tcmalloc preloaded (`tcmalloc_speedup`: with over without), where
+it is installed (actors/engines/vllm_engine.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import time
 import redis
 
 from actors.engines import GenerationEngine, SamplingSettings, make_engine
+from actors.engines.vllm_engine import environment, tcmalloc_preload
 from actors.worker import ActorWorker
 from slea.config import SleaConfig, load_config
 from slea.embedded_redis import EmbeddedRedis
@@ -81,6 +84,11 @@ def bench_actors(
             result[kind][dtype] = _bench_engine(config, kind, dtype, groups, group_size)
         if all("tokens_per_s" in result[kind][dtype] for dtype in DTYPES):
             result[kind]["bf16_over_fp32"] = _ratios(result[kind]["bfloat16"], result[kind]["float32"])
+        if kind == "vllm" and tcmalloc_preload() is not None:
+            with environment({"SLEA_VLLM_TCMALLOC": "0"}):
+                plain = _bench_engine(config, kind, auto, groups, group_size)
+            result[kind][f"{auto}_without_tcmalloc"] = plain
+            result[kind]["tcmalloc_speedup"] = _ratios(result[kind][auto], plain)
     if all("tokens_per_s" in result.get(kind, {}).get(auto, {}) for kind in ENGINES):
         result["vllm_over_transformers"] = _ratios(result["vllm"][auto], result["transformers"][auto])
     return result

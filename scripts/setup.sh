@@ -27,6 +27,9 @@ if [ -n "$extras" ]; then
   command -v prometheus >/dev/null || need_apt+=(prometheus)
   command -v prometheus-redis-exporter >/dev/null || need_apt+=(prometheus-redis-exporter)
 fi
+if $vllm; then  # vLLM's CPU notes ask for tcmalloc preloaded (actors/engines/vllm_engine.py preloads it)
+  compgen -G "/usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4" >/dev/null || need_apt+=(libtcmalloc-minimal4)
+fi
 python3 -m venv --help >/dev/null 2>&1 || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"

@@ -28,12 +28,17 @@ OpenMP threads as the process that builds the engine has (inside the actor pool:
 `use_assigned_cpus`, Ray's `num_cpus`), free to run on any core: vLLM's own default pins the
 worker to one core per NUMA node and keeps another for the scheduler, which on a 2-core machine
 shared with the learner leaves the worker one pinned core however busy that core is.
+vLLM's CPU notes ask for tcmalloc in LD_PRELOAD (its wheel for x86 carries none here): Debian's
+`libtcmalloc-minimal4` (scripts/setup.sh --vllm installs it) is preloaded into the engine's
+processes when it is on the machine (`TCMALLOC`). Intel's OpenMP (libiomp5), which the same notes
+name, has no Debian package, and vLLM itself preloads torch's own libgomp.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import itertools
 import os
 import threading
@@ -48,6 +53,18 @@ from slea.models import load_tokenizer, resolve_checkpoint
 
 WORKER_EXTENSION = "actors.engines.vllm_worker.WeightLoader"
 CPU_KV_CACHE_BYTES = 2**30  # 1 GiB: ~23k tokens of SmolLM2-135M (fp32), beyond what a worker's envs hold at once
+TCMALLOC = "/usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4"  # Debian's libtcmalloc-minimal4
+
+
+def tcmalloc_preload() -> str | None:
+    """LD_PRELOAD for the engine's processes with Debian's tcmalloc first, or None where it is not
+    installed, already preloaded, or turned off (SLEA_VLLM_TCMALLOC=0: `slea bench actors` measures
+    both ways)."""
+    preload = os.environ.get("LD_PRELOAD", "")
+    found = sorted(glob.glob(TCMALLOC))
+    if not found or "libtcmalloc" in preload or os.environ.get("SLEA_VLLM_TCMALLOC") == "0":
+        return None
+    return ":".join(filter(None, [found[0], preload]))
 
 
 def cpu_defaults(engine_args: dict) -> tuple[dict, dict[str, str]]:
@@ -62,6 +79,9 @@ def cpu_defaults(engine_args: dict) -> tuple[dict, dict[str, str]]:
     env = {"OMP_NUM_THREADS": str(torch.get_num_threads())}  # VLLM_CPU_OMP_THREADS_BIND=auto sets its own
     if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    preload = tcmalloc_preload()
+    if preload is not None:
+        env["LD_PRELOAD"] = preload
     return args, env
 
 

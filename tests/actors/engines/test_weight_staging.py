@@ -77,3 +77,18 @@ def test_eager_only_on_cpu_and_the_logprobs_mode_is_fixed():
     assert (
         engine_arguments({"logprobs_mode": "raw_logprobs"}, 0, on_cpu=False)[0]["logprobs_mode"] == "processed_logprobs"
     )
+
+
+def test_the_cpu_engine_preloads_debians_tcmalloc_unless_told_not_to(monkeypatch):
+    """scripts/setup.sh --vllm (and so --dev, CI) installs libtcmalloc-minimal4: it is on this machine."""
+    from actors.engines.vllm_engine import TCMALLOC
+
+    (library,) = sorted(Path("/").glob(TCMALLOC.lstrip("/")))
+    monkeypatch.setenv("LD_PRELOAD", "/opt/other.so")
+    assert engine_arguments({}, seed=0, on_cpu=True)[1]["LD_PRELOAD"] == f"{library}:/opt/other.so"
+    monkeypatch.setenv("SLEA_VLLM_TCMALLOC", "0")  # what `slea bench actors` compares against
+    assert "LD_PRELOAD" not in engine_arguments({}, seed=0, on_cpu=True)[1]
+    monkeypatch.delenv("SLEA_VLLM_TCMALLOC")
+    monkeypatch.setenv("LD_PRELOAD", "/elsewhere/libtcmalloc.so")  # the user's own: left as it is
+    assert "LD_PRELOAD" not in engine_arguments({}, seed=0, on_cpu=True)[1]
+    assert engine_arguments({}, seed=0, on_cpu=False)[1] == {}  # GPU: nothing preloaded
