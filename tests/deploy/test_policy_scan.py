@@ -5,10 +5,13 @@ accepted finding that no longer occurs (the table must say what is true)."""
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
 
 import pytest
-from k8s_render import OVERLAYS, find, ray_pod_groups
+from k8s_render import OVERLAYS, REPO, find, ray_pod_groups
 from policy_scan import accepted_findings, findings, unaccepted
+from required_tools import checkov_command
 
 
 @pytest.fixture(scope="module")
@@ -38,3 +41,21 @@ def test_unrestricted_containers_are_findings_inside_ray_resources_too(rendered,
     left = unaccepted(findings(manifests, tmp_path), accepted_findings())
     for resource in ("StatefulSet/slea-redis", "Pod/slea-train-actors"):
         assert {check for check, where, _name in left if where == resource} >= {"CKV_K8S_20", "CKV_K8S_22"}, resource
+
+
+@pytest.mark.parametrize("image", ["cpu", "gpu"])
+def test_the_images_dockerfiles_pass_checkovs_dockerfile_checks(image, tmp_path):
+    """The Dockerfile checks (users, pinned bases, no ADD of URLs, a stated HEALTHCHECK...), no exception."""
+    dockerfile = tmp_path / "Dockerfile"  # checkov's dockerfile runner knows files by that name
+    dockerfile.write_text((REPO / "deploy" / "docker" / f"Dockerfile.{image}").read_text())
+    command = [*checkov_command(), "--file", str(dockerfile), "--framework", "dockerfile"]
+    result = subprocess.run(
+        [*command, "--output", "json", "--compact", "--quiet", "--skip-download"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = json.loads(result.stdout)
+    assert report["summary"]["parsing_errors"] == 0 and report["summary"]["passed"] > 50, report["summary"]
+    failed = [(check["check_id"], check["check_name"]) for check in report["results"]["failed_checks"]]
+    assert not failed, f"Dockerfile.{image}: {failed}"
