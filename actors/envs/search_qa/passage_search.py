@@ -7,6 +7,7 @@ import functools
 from dataclasses import dataclass
 
 import bm25s
+import numpy as np
 
 from actors.envs.search_qa.knowledge_base import KnowledgeBase, Passage, load_knowledge_base
 
@@ -21,13 +22,20 @@ class PassageSearch:
     index: bm25s.BM25  # document i = kb.passages[i], indexed as "title. text"
 
     def search(self, query: str, k: int = TOP_K) -> list[Passage]:
-        """The k best passages; a query of only unknown words returns none (nothing matches)."""
+        """The k best passages; a query of only unknown words returns none (nothing matches).
+
+        Ties go to the earlier passage, by an explicit stable order: bm25s's own top-k (numpy's
+        argpartition/argsort) breaks ties by whichever SIMD sort the CPU runs (AVX512 and AVX2
+        machines returned different passages for the same task), and a task must read the same on
+        every machine. Scores are rounded to 5 decimals first, below any real difference of BM25
+        weights and above float32 summation noise."""
         tokens = bm25s.tokenize([query], stopwords="en", return_ids=False, show_progress=False)[0]
         known = [token for token in tokens if token in self.index.vocab_dict]
         if not known:
             return []
-        documents, scores = self.index.retrieve([known], k=k, show_progress=False)
-        return [self.kb.passages[int(i)] for i, score in zip(documents[0], scores[0]) if score > 0]
+        scores = np.round(self.index.get_scores(known).astype(np.float64), 5)
+        order = np.lexsort((np.arange(len(scores)), -scores))[:k]  # score descending, then passage index
+        return [self.kb.passages[int(i)] for i in order if scores[i] > 0]
 
 
 @functools.lru_cache(maxsize=4)

@@ -19,7 +19,7 @@ ENVS = ["webshop", "search_qa", "frozenlake", "sokoban"]
 # earlier (panels, logged runs) no longer mean the same game. Update only on purpose.
 CONTENT_DIGESTS = {
     "webshop": "b82d3b4483f4ed54601f03aeee37d646921402bb64c822d9f12365576eb8e1a7",
-    "search_qa": "ac29975cbff4beaa20fd41307ed5c9c9b8388cf44be6e24164e695289b0a4f8e",
+    "search_qa": "32bb96ab0588b982c8c3ed0061114f8d5073adeb656cc79bd165aaad352e2438",
     "frozenlake": "9455930b49792b21fa59dde121eed52c9b10d621bf9954d98b09a47c3b581cc9",
     "sokoban": "2ad052b5c1374b287fa29ad170cd4b26613190a8e1ae28059a04f93afa431401",
 }

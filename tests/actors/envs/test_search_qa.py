@@ -53,3 +53,15 @@ def test_running_out_of_steps_scores_zero():
     outcomes = [env.step("search[capital]") for _ in range(10)]
     assert [o.done for o in outcomes] == [False] * 9 + [True]
     assert outcomes[-1].reward == 0.0 and outcomes[-1].info == {"em": False, "f1": 0.0}
+
+
+def test_tied_passages_come_in_passage_order_on_every_machine():
+    """'Brorigor Media' (train task 1): one clear hit, one second, then several passages tied at the same
+    score. numpy's SIMD sorts broke that tie differently on AVX512 and AVX2 CPUs; the search must not."""
+    search = make_env("search_qa").retriever
+    ranked = search.search("Brorigor Media", k=8)
+    index = {id(passage): i for i, passage in enumerate(search.kb.passages)}
+    scores = search.index.get_scores(["brorigor", "media"])
+    positions = [index[id(passage)] for passage in ranked]
+    tied = [p for p in positions if round(float(scores[p]), 5) == round(float(scores[positions[2]]), 5)]
+    assert len(tied) >= 3 and tied == sorted(tied)
