@@ -27,7 +27,7 @@ from rich.live import Live
 from slea.channels import RAY_NAMESPACE
 from slea.config import ConfigError, SleaConfig, check_trainable
 from slea.driver.progress import Progress, RunConsole, summary_lines
-from slea.redis_conn import connect
+from slea.redis_conn import connect, with_reconnect
 from slea.services import STREAM_GROUPS, prepare_run_dir, redis_for_run, sigterm_as_interrupt
 from slea.stream_admin import group_stats, trim_acknowledged
 from slea.streams import ensure_group
@@ -267,11 +267,17 @@ class Watch:
         self.summaries: list[dict] = []  # the actor workers' latest summaries
         self.stats: dict | None = None  # the library's latest sizes and version
 
+    def _lags_and_trim(self) -> dict[str, int]:
+        """The stream's lag per group, after trimming what every group acknowledged (Redis may be
+        restarting on its AOF: the caller retries, as every component does)."""
+        lags = {name: group.lag for name, group in group_stats(self.client, self.stream).items()}
+        trim_acknowledged(self.client, self.stream, self.trimmed_groups)
+        return lags
+
     def step(self) -> list[dict]:
         """One poll; returns the learner steps it drained."""
         self.pool.supervise()
-        lags = {name: group.lag for name, group in group_stats(self.client, self.stream).items()}
-        trim_acknowledged(self.client, self.stream, self.trimmed_groups)
+        lags = with_reconnect(self._lags_and_trim, max_wait_s=self.config.redis.reconnect_max_s)
         self.stats = self.library_stats()
         self.summaries = self.pool.summaries()
         learner_steps = self.drain_learner()
