@@ -256,6 +256,18 @@ def output_tail(path: Path, chars: int = 3000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else "(no output)"
 
 
+def start_train(cluster: TaggedRay, settings: list[str], log: Path) -> subprocess.Popen:
+    """`slea train configs/local.yaml` with `settings` on the test's Ray cluster (its environment),
+    stdout and stderr into `log`; the caller waits for it, or kills it."""
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "slea.driver.cli", "train", "configs/local.yaml", *(f"--set={s}" for s in settings)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=cluster.env,
+        )
+
+
 def token_ray() -> TaggedRay:
     """A TaggedRay with Ray token authentication, as on KubeRay (deploy/k8s): explicit, so a test does
     not depend on whether this machine holds a ~/.ray/auth_token (`ray start` turns auth on when it

@@ -18,7 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import TaggedRay, broken_run, check_a_broken_run, lineage, output_tail, token_ray, trained_trace
+from helpers import (
+    TaggedRay,
+    broken_run,
+    check_a_broken_run,
+    lineage,
+    output_tail,
+    start_train,
+    token_ray,
+    trained_trace,
+)
 
 from library.persistence import latest_snapshot, parse_snapshot
 from slea.channels import inflight_key, policy_version_key
@@ -58,13 +67,7 @@ def test_a_run_resumes_after_its_whole_ray_cluster_is_gone(cluster, tmp_path, re
     config = load_config("configs/local.yaml", settings)
     stream = config.stream_key()
     first_log = tmp_path / "first.log"
-    with first_log.open("w") as out:
-        driver = subprocess.Popen(
-            [*SLEA, "train", "configs/local.yaml", *(f"--set={s}" for s in settings)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=cluster.env,
-        )
+    driver = start_train(cluster, settings, first_log)
 
     # An audit group that never reads: the driver trims only what every group acknowledged, so the
     # whole stream stays for the counts. Created as soon as the driver made the stream (a stream that

@@ -9,18 +9,15 @@ Only the test's own processes are killed (tests/helpers.py TaggedRay); never `ra
 
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
-from helpers import broken_run, output_tail, token_ray, trained_trace
+from helpers import broken_run, output_tail, start_train, token_ray, trained_trace
 
 from library.persistence import latest_snapshot
 from slea.embedded_redis import EmbeddedRedis
 
 pytestmark = pytest.mark.slow
-SLEA = [sys.executable, "-m", "slea.driver.cli"]
 
 
 @pytest.fixture
@@ -59,13 +56,7 @@ def test_past_max_failures_the_run_stops_naming_the_component_and_the_library_st
     ]
     log = tmp_path / "train.log"
     started = time.monotonic()
-    with log.open("w") as out:
-        driver = subprocess.Popen(
-            [*SLEA, "train", "configs/local.yaml", *(f"--set={s}" for s in settings)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=cluster.env,
-        )
+    driver = start_train(cluster, settings, log)
     try:
         while len(trained_trace(run_dir)) < 2:
             assert driver.poll() is None, f"slea train exited early ({driver.returncode}):\n{output_tail(log)}"
