@@ -109,6 +109,10 @@ OVERVIEW = Dashboard(
             [(f"sum(rate({m('actor_generated_tokens_total')}{RATE}))", "tokens/s")],
             unit="ops",
         ),
+        Panel(
+            "Component restarts (last hour)",
+            [(f"sum by (component) (increase({m('run_component_restarts_total')}[1h]))", "{{component}}")],
+        ),
     ],
 )
 

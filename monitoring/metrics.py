@@ -197,6 +197,13 @@ CATALOGUE: dict[str, MetricSpec] = {
             "Autoscale decisions about the actor pool, by kind (grow, shrink, hold).",
             ("kind",),
         ),
+        # run supervision (slea/driver/supervision.py: the driver exports this)
+        MetricSpec(
+            "run_component_restarts_total",
+            "counter",
+            "Restarts of a dead learner or library writer by the driver (run.max_failures bounds them).",
+            ("component",),
+        ),
         # experience library (library/)
         MetricSpec("library_experiences", "gauge", "Experiences held per zone and level.", ("zone", "level")),
         MetricSpec(

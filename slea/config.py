@@ -59,6 +59,11 @@ class RunConfig(_Section):
         False,
         description="EDGE on top of the preset: A/B groups and gain-gated distillation of the with-experience behaviour into the experience-free policy (learner.edge_distill_coef, 0.1 unless set).",
     )
+    max_failures: int = Field(
+        3,
+        ge=0,
+        description="Restarts of a dead learner or library writer, both together, before the run stops (actor workers restart without limit).",
+    )
 
     @field_validator("id")
     @classmethod

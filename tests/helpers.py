@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -39,6 +40,29 @@ def tiny_run(run_dir, run_id: str, model_dir) -> list[str]:
         "envs.panel_size=4",
         "actors.envs_per_worker=2",
         "actors.group_size=2",
+    ]
+
+
+def broken_run(run_dir, run_id: str, model_dir, redis_url: str, ray_address: str) -> list[str]:
+    """tiny_run() on a Redis and a Ray cluster the test started, as the tests that break a run on
+    purpose drive `slea train` (tests/test_cluster_resume.py, tests/test_chaos.py): 2 actor workers,
+    one group a learner step, staleness bounds out of the way, a snapshot every library version, no
+    evaluation; each test adds its checkpoints and steps."""
+    return [
+        *tiny_run(run_dir, run_id, model_dir),
+        f"redis.url={redis_url}",
+        f"ray.address={ray_address}",
+        "actors.num_workers=2",
+        "actors.num_cpus=0.5",
+        "actors.max_staleness=1000",
+        "learner.tasks_per_step=1",
+        "learner.num_cpus=1",
+        "learner.max_staleness=1000",
+        "library.snapshot_every=1",
+        "library.http_port=0",
+        "eval.every=0",
+        "monitoring.sinks=[jsonl]",
+        "monitoring.plots=false",
     ]
 
 
@@ -218,6 +242,44 @@ def check_a_broken_run(run_dir, config, client) -> StreamAudit:
     assert max(line["groups_dropped_abandoned"] for line in metrics) > 0
     assert all(line["groups_dropped_stale"] == line["groups_dropped_incomplete"] == 0 for line in metrics)
     return audit
+
+
+def trained_trace(run_dir) -> list[dict]:
+    """The learner's trace (<run dir>/learner/trained_groups.jsonl, one line per step it published,
+    restarts included); empty before the first step."""
+    path = Path(run_dir) / "learner" / "trained_groups.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+def output_tail(path: Path, chars: int = 3000) -> str:
+    """The end of a subprocess's captured output, for a failure message."""
+    return path.read_text(errors="replace")[-chars:] if path.exists() else "(no output)"
+
+
+def start_train(cluster: TaggedRay, settings: list[str], log: Path) -> subprocess.Popen:
+    """`slea train configs/local.yaml` with `settings` on the test's Ray cluster (its environment),
+    stdout and stderr into `log`; the caller waits for it, or kills it."""
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "slea.driver.cli", "train", "configs/local.yaml", *(f"--set={s}" for s in settings)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=cluster.env,
+        )
+
+
+def token_ray() -> TaggedRay:
+    """A TaggedRay with Ray token authentication, as on KubeRay (deploy/k8s): explicit, so a test does
+    not depend on whether this machine holds a ~/.ray/auth_token (`ray start` turns auth on when it
+    does, and a driver must then present the same token)."""
+    return TaggedRay(
+        {
+            **os.environ,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        }
+    )
 
 
 class TaggedRay:

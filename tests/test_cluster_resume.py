@@ -11,8 +11,6 @@ the user's, or a benchmark beside the suite, goes on.
 """
 
 import json
-import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -20,7 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import TaggedRay, check_a_broken_run, lineage, tiny_run
+from helpers import (
+    TaggedRay,
+    broken_run,
+    check_a_broken_run,
+    lineage,
+    output_tail,
+    start_train,
+    token_ray,
+    trained_trace,
+)
 
 from library.persistence import latest_snapshot, parse_snapshot
 from slea.channels import inflight_key, policy_version_key
@@ -35,16 +42,7 @@ CHECKPOINT_EVERY = 3  # the cluster goes between two checkpoints: a step or two 
 
 @pytest.fixture
 def cluster():
-    # Token authentication, as on KubeRay (deploy/k8s): explicit, so the test does not depend on
-    # whether this machine holds a ~/.ray/auth_token (`ray start` turns auth on when it does).
-    ray_cluster = TaggedRay(
-        {
-            **os.environ,
-            "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN": secrets.token_hex(32),
-        }
-    )
+    ray_cluster = token_ray()
     yield ray_cluster
     ray_cluster.close()
 
@@ -54,58 +52,30 @@ def start_cluster(cluster: TaggedRay) -> str:
     return cluster.start_head("--num-cpus=4", "--include-dashboard=false")
 
 
-def trace_of(run_dir: Path) -> list[dict]:
-    path = run_dir / "learner" / "trained_groups.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
-
-
 def checkpoint_state(run_dir: Path) -> dict:
     root = run_dir / "learner" / "checkpoints"
     return json.loads((root / (root / "latest").read_text().strip() / "state.json").read_text())
 
 
-def log_tail(path: Path) -> str:
-    return path.read_text(errors="replace")[-3000:] if path.exists() else "(no output)"
-
-
 def test_a_run_resumes_after_its_whole_ray_cluster_is_gone(cluster, tmp_path, redis_client, redis_url, tiny_model_dir):
     run_dir = tmp_path / "resume"
     settings = [
-        *tiny_run(tmp_path, "resume", tiny_model_dir),
-        f"redis.url={redis_url}",
-        f"ray.address={start_cluster(cluster)}",
-        "actors.num_workers=2",
-        "actors.num_cpus=0.5",
-        "actors.max_staleness=1000",
-        "learner.tasks_per_step=1",
-        "learner.num_cpus=1",
+        *broken_run(tmp_path, "resume", tiny_model_dir, redis_url, start_cluster(cluster)),
         f"learner.checkpoint_every={CHECKPOINT_EVERY}",
         "learner.max_steps=1000",
-        "learner.max_staleness=1000",
-        "library.snapshot_every=1",
-        "library.http_port=0",
-        "eval.every=0",
-        "monitoring.sinks=[jsonl]",
-        "monitoring.plots=false",
     ]
     config = load_config("configs/local.yaml", settings)
     stream = config.stream_key()
     first_log = tmp_path / "first.log"
-    with first_log.open("w") as out:
-        driver = subprocess.Popen(
-            [*SLEA, "train", "configs/local.yaml", *(f"--set={s}" for s in settings)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=cluster.env,
-        )
+    driver = start_train(cluster, settings, first_log)
 
     # An audit group that never reads: the driver trims only what every group acknowledged, so the
     # whole stream stays for the counts. Created as soon as the driver made the stream (a stream that
     # exists before the run would be refused), tens of seconds before the first entry.
     deadline = time.monotonic() + 120
     while not redis_client.exists(stream):
-        assert driver.poll() is None, f"slea train exited early ({driver.returncode}):\n{log_tail(first_log)}"
-        assert time.monotonic() < deadline, f"slea train made no stream {stream} in 120 s:\n{log_tail(first_log)}"
+        assert driver.poll() is None, f"slea train exited early ({driver.returncode}):\n{output_tail(first_log)}"
+        assert time.monotonic() < deadline, f"slea train made no stream {stream} in 120 s:\n{output_tail(first_log)}"
         time.sleep(0.05)
     redis_client.xgroup_create(stream, "audit", id="0")
 
@@ -115,26 +85,26 @@ def test_a_run_resumes_after_its_whole_ray_cluster_is_gone(cluster, tmp_path, re
     # done waits while the frozen learner's lag passes redis.max_lag: it may have none in flight).
     deadline = time.monotonic() + 240
     while True:
-        trace = trace_of(run_dir)
+        trace = trained_trace(run_dir)
         if trace and trace[-1]["learner_step"] > CHECKPOINT_EVERY and latest_snapshot(run_dir) is not None:
             if cluster.signal("ray::LearnerProcess", signal.SIGSTOP) == 1:
-                if trace_of(run_dir)[-1]["learner_step"] % CHECKPOINT_EVERY != 0:
+                if trained_trace(run_dir)[-1]["learner_step"] % CHECKPOINT_EVERY != 0:
                     cluster.signal("ray::ActorWorkerProcess", signal.SIGSTOP)
                     if any(redis_client.hlen(inflight_key(config.run.id, worker)) for worker in range(2)):
                         break
                     cluster.signal("ray::ActorWorkerProcess", signal.SIGCONT)
                 # frozen on a checkpoint, or with no episode in flight: a little further
                 cluster.signal("ray::LearnerProcess", signal.SIGCONT)
-        assert driver.poll() is None, f"slea train exited early ({driver.returncode}):\n{log_tail(first_log)}"
+        assert driver.poll() is None, f"slea train exited early ({driver.returncode}):\n{output_tail(first_log)}"
         assert time.monotonic() < deadline, (
-            f"no step past a checkpoint with an episode in flight in 240 s:\n{log_tail(first_log)}"
+            f"no step past a checkpoint with an episode in flight in 240 s:\n{output_tail(first_log)}"
         )
         time.sleep(0.2)
     driver.kill()
     driver.wait()
     cluster.stop()  # every process of the cluster, SIGKILLed at once
 
-    before = trace_of(run_dir)
+    before = trained_trace(run_dir)
     saved = checkpoint_state(run_dir)
     recorded = int(redis_client.get(policy_version_key(config.run.id)))
     last_entry = redis_client.xrevrange(stream, count=1)[0][0]
@@ -159,9 +129,9 @@ def test_a_run_resumes_after_its_whole_ray_cluster_is_gone(cluster, tmp_path, re
             env=cluster.env,
             timeout=300,
         )
-    assert resumed.returncode == 0, log_tail(second_log)
+    assert resumed.returncode == 0, output_tail(second_log)
 
-    trace = trace_of(run_dir)
+    trace = trained_trace(run_dir)
     after = trace[len(before) :]
     restored, first_trained = after[0], after[1]
     # The learner: from its checkpoint, its weights announced under the next number after the

@@ -90,9 +90,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     config = load_config(args.config, [*args.overrides, *_plugin_overrides(args)])
     load_plugins(config.envs.plugins)  # a bad plugin fails here, before Redis, Ray and the model start
+    from slea.driver.supervision import ComponentFailed
     from slea.driver.train import train
 
-    return train(config, resume_dir=args.resume)
+    try:
+        return train(config, resume_dir=args.resume)
+    except ComponentFailed as exc:  # a learner or library writer died past run.max_failures
+        print(f"slea: {exc}", file=sys.stderr)
+        return 1
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:

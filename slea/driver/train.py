@@ -2,7 +2,8 @@
 
 Services first (run directory, Redis, Ray), then the library writer and its Serve app, the
 learner (`learner.num_ranks` Ray actors; the driver talks to rank 0), and the actor pool, each
-placed by its own resources. The driver only watches: it supervises the pool, drains learner
+placed by its own resources. The driver only watches: it supervises the pool, restarts a dead
+learner or library writer (slea/driver/supervision.py, up to run.max_failures), drains learner
 metrics into the run directory, and draws the progress display. Actors never wait for the
 learner and the learner never waits for a rollout phase; they meet in the stream and the weight
 registry.
@@ -27,7 +28,7 @@ from rich.live import Live
 from slea.channels import RAY_NAMESPACE
 from slea.config import ConfigError, SleaConfig, check_trainable
 from slea.driver.progress import Progress, RunConsole, summary_lines
-from slea.redis_conn import connect
+from slea.redis_conn import connect, with_reconnect
 from slea.services import STREAM_GROUPS, prepare_run_dir, redis_for_run, sigterm_as_interrupt
 from slea.stream_admin import group_stats, trim_acknowledged
 from slea.streams import ensure_group
@@ -109,8 +110,8 @@ def train(config: SleaConfig, resume_dir: str | None = None) -> int:
 
 def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False) -> int:
     from actors.pool import ActorPool
-    from learner.process import start_learner
     from slea.driver.pool_control import PoolSizer
+    from slea.driver.supervision import Supervisor
 
     client = connect(config.redis)
     stream = config.stream_key()
@@ -120,26 +121,19 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
     recorder = _recorder(config, run_dir)
     progress = Progress(config)
     library = learner = pool = sizer = None
-    library_run, learner_runs = None, []
+    supervisor = Supervisor(config.run.max_failures, console.note)
     summaries, stats = [], None
     try:
         _check_gpus(config, console)
         sizer = PoolSizer(config, run_dir, console.note)  # first: a second driver of this run id stops here
         if config.library.enabled:
             with console.phase("starting the experience library (writer, Ray Serve retrieval app, MiniLM embeddings)"):
-                library, library_run = _start_library(config, run_dir)
+                library = _start_library(config, run_dir)
         ranks_text = f"{config.learner.num_ranks} DeepSpeed ranks" if config.learner.num_ranks > 1 else "DeepSpeed"
         with console.phase(
             f"loading the learner ({config.model.name}, {ranks_text}, ZeRO-{config.learner.zero_stage})"
         ):
-            ranks = start_learner(
-                config,
-                num_cpus=config.learner.num_cpus,
-                num_gpus=config.learner.num_gpus,
-                resources=dict(config.learner.resources) or None,
-            )
-        learner = ranks[0]  # the driver talks to rank 0; the other ranks follow it
-        learner_runs = [rank.run.remote() for rank in ranks]
+            learner = _start_learner(config, run_dir)
         evals = _start_evaluator(config, run_dir)
         if evals is not None and not resumed and config.eval.before_training:
             evals.on_learner_step(0, final=True)  # the policy before any update: the curve's first point
@@ -161,8 +155,8 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
             client,
             pool,
             sizer,
-            drain_learner=lambda: ray.get(learner.drain_metrics.remote()),
-            library_stats=(lambda: ray.get(library.stats.remote())) if library is not None else lambda: None,
+            drain_learner=lambda: learner.call("drain_metrics", default=[]),  # a dead learner's restart comes next
+            library_stats=(lambda: library.call("stats")) if library is not None else lambda: None,
             progress=progress,
             recorder=recorder,
             console=console,
@@ -171,10 +165,12 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
         )
         with live or contextlib.nullcontext():
             while True:
-                done, _ = ray.wait(learner_runs, timeout=POLL_S)  # any rank returning ends the learner
+                # A dead learner or library writer is restarted here (slea/driver/supervision.py).
+                finished = supervisor.finished(learner, timeout_s=POLL_S)
+                if library is not None:
+                    supervisor.finished(library)
                 watch.step()
-                if done:
-                    ray.get(learner_runs)  # surfaces a learner failure (on any rank)
+                if finished:
                     break
         summaries, stats = watch.summaries, watch.stats
         if evals is not None:  # the last policy's point: actors stop first, so it gets the CPUs
@@ -195,7 +191,7 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
         with console.phase("stopping: learner checkpoint, library snapshot, Ray"):
             if sizer is not None:
                 sizer.close()
-            _shutdown(pool, learner, learner_runs, library, library_run, recorder)
+            _shutdown(pool, learner, library, recorder)
             ray.shutdown()
             client.close()
     _print_summary(run_dir, progress, summaries, stats, console)
@@ -272,11 +268,17 @@ class Watch:
         self.summaries: list[dict] = []  # the actor workers' latest summaries
         self.stats: dict | None = None  # the library's latest sizes and version
 
+    def _lags_and_trim(self) -> dict[str, int]:
+        """The stream's lag per group, after trimming what every group acknowledged (Redis may be
+        restarting on its AOF: the caller retries, as every component does)."""
+        lags = {name: group.lag for name, group in group_stats(self.client, self.stream).items()}
+        trim_acknowledged(self.client, self.stream, self.trimmed_groups)
+        return lags
+
     def step(self) -> list[dict]:
         """One poll; returns the learner steps it drained."""
         self.pool.supervise()
-        lags = {name: group.lag for name, group in group_stats(self.client, self.stream).items()}
-        trim_acknowledged(self.client, self.stream, self.trimmed_groups)
+        lags = with_reconnect(self._lags_and_trim, max_wait_s=self.config.redis.reconnect_max_s)
         self.stats = self.library_stats()
         self.summaries = self.pool.summaries()
         learner_steps = self.drain_learner()
@@ -298,15 +300,41 @@ class Watch:
 
 
 def _start_library(config: SleaConfig, run_dir):
+    """The library writer, supervised (a new one restores the latest snapshot), and the Serve app."""
     from library.process import LibraryProcess
     from library.service import start_serve_app
+    from slea.driver.supervision import Supervised, snapshot_text
 
-    library = LibraryProcess.options(num_cpus=1, resources=dict(config.library.resources) or None).remote(
-        config.model_dump(mode="json"), config.redis.url, str(run_dir)
-    )
-    run = library.run.remote()
+    def start():
+        writer = LibraryProcess.options(num_cpus=1, resources=dict(config.library.resources) or None).remote(
+            config.model_dump(mode="json"), config.redis.url, str(run_dir)
+        )
+        return [writer], [writer.run.remote()]
+
+    library = Supervised("library writer", start, lambda: snapshot_text(run_dir), runs_until_stopped=True)
+    library.launch()
     start_serve_app(config, config.redis.url)  # replicas need no library yet: they answer 503 until it is published
-    return library, run
+    return library
+
+
+def _start_learner(config: SleaConfig, run_dir):
+    """The learner's ranks, supervised: a new set resumes from the latest checkpoint and re-reads
+    the stream entries pending for it. The driver talks to rank 0; the other ranks follow it."""
+    from learner.process import start_learner
+    from slea.driver.supervision import Supervised, checkpoint_text
+
+    def start():
+        ranks = start_learner(
+            config,
+            num_cpus=config.learner.num_cpus,
+            num_gpus=config.learner.num_gpus,
+            resources=dict(config.learner.resources) or None,
+        )
+        return ranks, [rank.run.remote() for rank in ranks]
+
+    learner = Supervised("learner", start, lambda: checkpoint_text(run_dir / "learner"))
+    learner.launch()
+    return learner
 
 
 def _check_gpus(config: SleaConfig, console: RunConsole) -> None:
@@ -363,18 +391,19 @@ def _recorder(config: SleaConfig, run_dir):
     return RunRecorder(run_dir, sinks=open_sinks(config, run_dir), plots=config.monitoring.plots)
 
 
-def _shutdown(pool, learner, learner_runs, library, library_run, recorder) -> None:
-    """Graceful order: no new groups -> learner checkpoint -> library snapshot -> Serve down."""
+def _shutdown(pool, learner, library, recorder) -> None:
+    """Graceful order: no new groups -> learner checkpoint -> library snapshot -> Serve down. A dead
+    learner (the run stopping past run.max_failures) does not keep the library from its snapshot."""
     if pool is not None:
         pool.stop()
     if learner is not None:
-        learner.stop.remote()
-        ray.wait(learner_runs, num_returns=len(learner_runs), timeout=600)
-        for metrics in ray.get(learner.drain_metrics.remote()):
+        learner.head.stop.remote()
+        ray.wait(learner.runs, num_returns=len(learner.runs), timeout=600)
+        for metrics in learner.call("drain_metrics", default=[]):
             recorder.record(metrics["learner_step"], run_metrics(metrics, {}, None))
     if library is not None:
-        library.stop.remote()
-        ray.wait([library_run], timeout=300)
+        library.head.stop.remote()
+        ray.wait(library.runs, timeout=300)
         from ray import serve
 
         serve.shutdown()

@@ -3,6 +3,7 @@ one poll of the driver's loop (Watch.step) with a real Redis stream and fakes of
 
 import io
 import json
+import threading
 
 from rich.console import Console
 
@@ -10,6 +11,8 @@ from slea.config import load_config
 from slea.driver.progress import Progress, RunConsole
 from slea.driver.run_outputs import RunRecorder
 from slea.driver.train import Watch, run_metrics
+from slea.embedded_redis import EmbeddedRedis
+from slea.redis_conn import connect
 from slea.services import STREAM_GROUPS
 from slea.streams import ensure_group
 
@@ -124,3 +127,37 @@ def test_one_poll_records_every_drained_learner_step_and_trims_what_both_groups_
     assert watch.step() == [] and pool.supervised == 2  # a poll with no learner step records nothing
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2 and watch.stats["version"] == 7
     recorder.close()
+
+
+def test_a_poll_rides_out_a_redis_restart_on_its_aof(tmp_path):
+    """Redis restarting (a pod rescheduled, the chaos test's fault) must not end the run: the poll's
+    lag and trim wait for it within redis.reconnect_max_s."""
+    server = EmbeddedRedis(tmp_path / "redis", appendonly=True).start()
+    config = load_config(None, ["run.id=outage", "monitoring.plots=false", f"redis.url={server.url}"])
+    client = connect(config.redis)
+    try:
+        for group in STREAM_GROUPS:
+            ensure_group(client, config.stream_key(), group)
+        client.xadd(config.stream_key(), {"payload": "0"})
+        recorder = RunRecorder(tmp_path, plots=False)
+        watch = Watch(
+            config,
+            client,
+            FakePool([]),
+            FakeSizer(),
+            drain_learner=list,
+            library_stats=lambda: None,
+            progress=Progress(config),
+            recorder=recorder,
+            console=RunConsole(Console(file=io.StringIO(), force_terminal=False)),
+        )
+        server.stop(remove_data=False)
+        restart = threading.Timer(1.5, server.start)
+        restart.start()
+        assert watch.step() == []  # would raise ConnectionError without the retry
+        restart.join()
+        assert client.xlen(config.stream_key()) == 1  # the entry came back from the AOF
+        recorder.close()
+    finally:
+        client.close()
+        server.stop()

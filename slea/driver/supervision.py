@@ -1,0 +1,137 @@
+"""The driver keeps the learner and the library writer running, as Ray keeps the actor workers.
+
+A learner or library writer that dies (its process killed, out of memory, an exception on one
+bad record) does not end the run: the driver kills what is left of it and starts a new one,
+which resumes by itself (the learner from its latest checkpoint, re-reading its pending stream
+entries, the version line continuing where the registry left it; the writer from its latest
+snapshot, or Redis's). `run.max_failures` bounds the restarts of both together, so a component
+that dies on every start (a bad config, a poison entry the dead-letter path cannot catch) stops
+the run with its last error instead of looping forever; past it the driver raises
+ComponentFailed and `_shutdown` still stops the others in order (the library's final snapshot).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray
+
+from monitoring.metrics import metric
+
+ERROR_CHARS = 300  # of a dead component's error in the console line and the final message
+
+
+class ComponentFailed(RuntimeError):
+    """A component died once more than `run.max_failures` allows: the run stops."""
+
+
+@dataclass
+class Supervised:
+    """One supervised component: its Ray actors (the first is the one the driver talks to) and
+    their run() calls, and how to start it and say what it resumes from."""
+
+    name: str  # "learner" | "library writer": the console's word and the metric's label
+    start: Callable[[], tuple[list, list]]  # -> (actor handles, their run() object refs)
+    resumes_from: Callable[[], str]  # "checkpoint v3", "snapshot v000000012": what a restart continues
+    runs_until_stopped: bool = False  # the library writer: its run() returning at all is a failure
+    handles: list = field(default_factory=list)
+    runs: list = field(default_factory=list)
+
+    def launch(self) -> None:
+        self.handles, self.runs = self.start()
+
+    @property
+    def head(self):
+        return self.handles[0]
+
+    def call(self, method: str, default=None):
+        """`head.method()`, or `default` while it is dead (the next check restarts it)."""
+        try:
+            return ray.get(getattr(self.head, method).remote())
+        except ray.exceptions.RayActorError:
+            return default
+
+    def kill(self) -> None:
+        for handle in self.handles:
+            with contextlib.suppress(Exception):
+                ray.kill(handle, no_restart=True)
+
+
+class Supervisor:
+    """Checks each component every poll and restarts a dead one within `max_failures` in all."""
+
+    def __init__(self, max_failures: int, say: Callable[[str], None]):
+        self.max_failures = max_failures
+        self.say = say  # one line to the driver's console
+        self.restarts = 0  # of all components so far
+
+    def finished(self, component: Supervised, timeout_s: float = 0.0) -> bool:
+        """Wait up to `timeout_s` for a run() to return: True when the component finished its work
+        (the learner at learner.max_steps); a failure restarts it (or raises ComponentFailed)."""
+        done, _ = ray.wait(component.runs, timeout=timeout_s)
+        if not done:
+            return False
+        try:
+            ray.get(done)  # a rank that failed raises here, before waiting on ranks stuck behind it
+            if not component.runs_until_stopped:
+                ray.get(component.runs, timeout=60)  # the other ranks follow rank 0 out
+                return True
+            error = "its run() returned before the driver stopped it"
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            error = describe(exc)
+        self.restart(component, error)
+        return False
+
+    def restart(self, component: Supervised, error: str) -> None:
+        component.kill()  # a rank that raised is still alive, holding its ports, memory and process group
+        if self.restarts >= self.max_failures:
+            raise ComponentFailed(
+                f"the {component.name} died ({error}) after {self.restarts} restart(s) of the learner and library "
+                f"writer, the most run.max_failures={self.max_failures} allows: the run stops. Its run directory "
+                "resumes with `slea train --resume <run dir>` once the cause is fixed."
+            )
+        self.restarts += 1
+        metric("run_component_restarts_total").labels(component=component.name.replace(" ", "_")).inc()
+        self.say(
+            f"[yellow]{component.name} died[/] ({error}): restarting from {component.resumes_from()}, "
+            f"restart {self.restarts} of {self.max_failures}"
+        )
+        component.launch()
+
+
+def describe(exc: BaseException) -> str:
+    """A dead component's error in one short line: the exception a task raised, or why Ray says the
+    actor's process died (its exit detail: killed by a signal, out of memory), not Ray's whole essay."""
+    if isinstance(exc, ray.exceptions.RayTaskError) and not isinstance(exc, ray.exceptions.RayActorError):
+        text = repr(exc.cause) if exc.cause is not None else str(exc).splitlines()[0]
+    elif isinstance(exc, ray.exceptions.RayActorError):
+        text = str(exc)
+        detail = text.split("Worker exit detail: ", 1)
+        text = detail[1].split(". ", 1)[0] if len(detail) == 2 else "its process died"
+    else:
+        text = repr(exc)
+    text = " ".join(text.split())
+    return text if len(text) <= ERROR_CHARS else text[: ERROR_CHARS - 3] + "..."
+
+
+def checkpoint_text(learner_dir: Path) -> str:
+    """What a restarted learner resumes from: its latest checkpoint's version, or the initial weights."""
+    from learner.checkpoint import latest_checkpoint
+
+    found = latest_checkpoint(learner_dir / "checkpoints")
+    if found is None:
+        return "the initial weights (no checkpoint yet)"
+    state = json.loads((found / "state.json").read_text())
+    return f"checkpoint v{state['version']} (learner step {state['learner_step']})"
+
+
+def snapshot_text(run_dir: Path) -> str:
+    """What a restarted library writer resumes from: its latest snapshot here, else Redis's copy."""
+    from library.persistence import latest_snapshot
+
+    found = latest_snapshot(run_dir)
+    return f"snapshot {found.stem}" if found is not None else "the snapshot published to Redis, if any"

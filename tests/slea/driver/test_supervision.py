@@ -1,0 +1,148 @@
+"""The driver's supervision of the learner and the library writer (slea/driver/supervision.py), on
+a real local Ray with small stand-in actors: a component's process killed, an exception raised by
+its run(), a run() that finishes, and the restart budget run.max_failures running out. The whole
+run healing itself is tests/test_chaos.py."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+import ray
+from prometheus_client import REGISTRY
+
+from slea.driver.supervision import (
+    ComponentFailed,
+    Supervised,
+    Supervisor,
+    checkpoint_text,
+    describe,
+    snapshot_text,
+)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=2)
+class StandIn:
+    """A component whose run() finishes, raises, or waits until stop(), as the test asks."""
+
+    def __init__(self, behaviour: str):
+        self.behaviour = behaviour
+        self.stopped = threading.Event()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self) -> int:
+        if self.behaviour == "raise":
+            raise ValueError("a bad record at entry 17-0")
+        if self.behaviour == "wait":
+            self.stopped.wait()
+        return 7
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def drain_metrics(self) -> list[dict]:
+        return [{"learner_step": 1}]
+
+
+def stand_in(name: str, behaviours: list[str], **options) -> Supervised:
+    """A supervised StandIn; each (re)start takes the next behaviour from `behaviours`."""
+
+    def start():
+        actor = StandIn.remote(behaviours.pop(0))
+        return [actor], [actor.run.remote()]
+
+    component = Supervised(name, start, lambda: "checkpoint v3 (learner step 3)", **options)
+    component.launch()
+    return component
+
+
+def restarts(component: str) -> float:
+    return REGISTRY.get_sample_value("slea_run_component_restarts_total", {"component": component}) or 0.0
+
+
+def until_finished(supervisor: Supervisor, component: Supervised, timeout_s: float = 30) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if supervisor.finished(component, timeout_s=0.5):
+            return True
+    return False
+
+
+def test_a_killed_learner_is_restarted_and_past_the_budget_the_run_stops_naming_it(local_ray):
+    lines: list[str] = []
+    supervisor = Supervisor(max_failures=1, say=lines.append)
+    learner = stand_in("learner", ["wait", "wait"])
+    before = restarts("learner")
+    first = learner.head
+    os.kill(ray.get(first.pid.remote()), signal.SIGKILL)
+    assert not until_finished(supervisor, learner, timeout_s=5)  # restarted, and the new one runs on
+    assert learner.head is not first and ray.get(learner.head.pid.remote())
+    assert restarts("learner") == before + 1
+    assert len(lines) == 1 and "learner died" in lines[0], lines
+    assert lines[0].endswith("restarting from checkpoint v3 (learner step 3), restart 1 of 1"), lines
+    assert learner.call("drain_metrics") == [{"learner_step": 1}]
+
+    os.kill(ray.get(learner.head.pid.remote()), signal.SIGKILL)
+    with pytest.raises(ComponentFailed, match=r"the learner died \(.+\) after 1 restart\(s\).+run.max_failures=1"):
+        until_finished(supervisor, learner, timeout_s=30)
+    assert learner.call("drain_metrics", default=[]) == []  # dead: the driver's poll goes on without it
+    assert restarts("learner") == before + 1
+
+
+def test_an_exception_in_run_is_named_and_the_raising_actor_is_killed(local_ray):
+    lines: list[str] = []
+    supervisor = Supervisor(max_failures=3, say=lines.append)
+    learner = stand_in("learner", ["raise", "finish"])
+    raised = learner.head
+    assert until_finished(supervisor, learner)  # the restarted one finishes: the learner is done
+    assert "(ValueError('a bad record at entry 17-0'))" in lines[0], lines
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(raised.pid.remote(), timeout=30)  # killed, not left holding its ports and memory
+
+
+def test_a_library_writer_returning_before_it_is_stopped_is_a_failure(local_ray):
+    lines: list[str] = []
+    supervisor = Supervisor(max_failures=3, say=lines.append)
+    library = stand_in("library writer", ["finish", "wait"], runs_until_stopped=True)
+    before = restarts("library_writer")
+    assert not until_finished(supervisor, library, timeout_s=3)
+    assert restarts("library_writer") == before + 1
+    assert "its run() returned before the driver stopped it" in lines[0], lines
+    library.head.stop.remote()  # the driver's stop at the end of the run
+    ray.get(library.runs, timeout=30)
+
+
+def test_describe_keeps_a_dead_process_to_its_exit_detail(local_ray):
+    actor = StandIn.remote("wait")
+    run = actor.run.remote()
+    os.kill(ray.get(actor.pid.remote()), signal.SIGKILL)
+    with pytest.raises(ray.exceptions.RayActorError) as raised:
+        ray.get(run, timeout=30)
+    text = describe(raised.value)
+    assert text and "\n" not in text and len(text) <= 300 and "class_name" not in text, text
+
+
+def test_what_a_restart_resumes_from(tmp_path):
+    assert checkpoint_text(tmp_path / "learner") == "the initial weights (no checkpoint yet)"
+    saved = tmp_path / "learner" / "checkpoints" / "v00000004"
+    saved.mkdir(parents=True)
+    (saved / "state.json").write_text(json.dumps({"version": 4, "learner_step": 4}))
+    (saved.parent / "latest").write_text("v00000004\n")
+    assert checkpoint_text(tmp_path / "learner") == "checkpoint v4 (learner step 4)"
+    assert snapshot_text(tmp_path) == "the snapshot published to Redis, if any"
+    from library.persistence import snapshot_dir
+
+    snapshot_dir(tmp_path).mkdir(parents=True, exist_ok=True)
+    (snapshot_dir(tmp_path) / "v000000012.jsonl").write_text("{}\n")
+    assert snapshot_text(tmp_path) == "snapshot v000000012"

@@ -1,0 +1,75 @@
+"""A run past its restart budget (issue 22, item 1): with run.max_failures=0 the first learner death
+stops `slea train` with exit 1 and a message naming the learner and its error, after the usual
+shutdown, so the library still takes its final snapshot. Restarts within the budget are
+tests/slea/driver/test_supervision.py (the supervisor alone) and tests/test_chaos.py (a whole run
+under repeated faults).
+
+Only the test's own processes are killed (tests/helpers.py TaggedRay); never `ray stop`.
+"""
+
+import re
+import signal
+import time
+
+import pytest
+from helpers import broken_run, output_tail, start_train, token_ray, trained_trace
+
+from library.persistence import latest_snapshot
+from slea.embedded_redis import EmbeddedRedis
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster():
+    ray_cluster = token_ray()
+    yield ray_cluster
+    ray_cluster.close()
+
+
+@pytest.fixture
+def server(tmp_path):
+    redis_server = EmbeddedRedis(tmp_path / "redis", appendonly=True).start()
+    yield redis_server
+    redis_server.stop()
+
+
+def test_past_max_failures_the_run_stops_naming_the_component_and_the_library_still_snapshots(
+    cluster, server, tmp_path, tiny_model_dir
+):
+    """run.max_failures=0: the first learner death stops the run (exit 1) with a message naming the
+    learner and its error, after the usual shutdown: the library's only snapshot (snapshot_every and
+    snapshot_max_age_s out of reach) is the final one, taken after the learner died."""
+    run_dir = tmp_path / "budget"
+    settings = [
+        *broken_run(
+            tmp_path,
+            "budget",
+            tiny_model_dir,
+            server.url,
+            cluster.start_head("--num-cpus=4", "--include-dashboard=false"),
+        ),
+        "run.max_failures=0",
+        "learner.max_steps=1000",
+        "library.snapshot_every=100000",
+        "library.snapshot_max_age_s=100000",
+    ]
+    log = tmp_path / "train.log"
+    started = time.monotonic()
+    driver = start_train(cluster, settings, log)
+    try:
+        while len(trained_trace(run_dir)) < 2:
+            assert driver.poll() is None, f"slea train exited early ({driver.returncode}):\n{output_tail(log)}"
+            assert time.monotonic() - started < 180, f"no two trained steps in 180 s:\n{output_tail(log)}"
+            time.sleep(0.2)
+        assert latest_snapshot(run_dir) is None, "a snapshot before the end: raise library.snapshot_every"
+        assert cluster.signal("ray::LearnerProcess", signal.SIGKILL) == 1
+        driver.wait(timeout=180)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    output = log.read_text(errors="replace")
+    assert driver.returncode == 1, f"slea train exited {driver.returncode}:\n{output_tail(log)}"
+    assert re.search(r"slea: the learner died \(.+\) after 0 restart\(s\).+run\.max_failures=0", output), output[-3000:]
+    assert latest_snapshot(run_dir) is not None, f"no final library snapshot:\n{output_tail(log)}"
