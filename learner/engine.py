@@ -9,7 +9,9 @@ One learner batch is `learner.ppo_epochs` passes over `learner.mini_batches` min
 optimizer step each, as PPO trains (verl's ppo_mini_batch_size / ppo_epochs, OpenRLHF's
 micro/mini batches). Decoupled PPO (AReaL) needs three policies: the behaviour policy is the
 actor's recorded log-probs; the proximal policy is the learner's weights *before this batch's
-first optimizer step*, scored once by a no-grad forward (`_score_before_updates`); the current
+first optimizer step*, scored once by a no-grad forward (`_score_before_updates`), except for the
+mini-batch of the first step, whose own forwards run before any weight moves and so are the
+proximal log-probs (train_step); the current
 policy moves with every step, so from the second mini-batch on the ratio current / proximal
 leaves 1 and the clip acts. The frozen reference (KL term) and the EDGE teacher (the proximal
 weights under the teacher prompt, learner/edge.py) are scored in the same pass, once per batch

@@ -10,11 +10,7 @@ driver that only reads the config.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-
-DtypeSetting = Literal["auto", "float32", "bfloat16", "float16"]
 
 
 def native_bf16(device_type: str) -> bool:
