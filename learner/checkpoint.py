@@ -90,6 +90,11 @@ def load_checkpoint(trainer: PolicyTrainer, path: Path) -> LearnerState:
     if load_path is None:
         raise FileNotFoundError(f"checkpoint {path} has no DeepSpeed state under ds/state; it is damaged")
     _set_rng_state(torch.load(path / f"rng-{trainer.rank}.pt", weights_only=False))
+    return read_state(path)
+
+
+def read_state(path: Path) -> LearnerState:
+    """The counters a checkpoint folder holds (its state.json), without loading any weights."""
     return LearnerState(**json.loads((path / "state.json").read_text()))
 
 

@@ -13,7 +13,6 @@ ComponentFailed and `_shutdown` still stops the others in order (the library's f
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,13 +119,13 @@ def describe(exc: BaseException) -> str:
 
 def checkpoint_text(learner_dir: Path) -> str:
     """What a restarted learner resumes from: its latest checkpoint's version, or the initial weights."""
-    from learner.checkpoint import latest_checkpoint
+    from learner.checkpoint import latest_checkpoint, read_state
 
     found = latest_checkpoint(learner_dir / "checkpoints")
     if found is None:
         return "the initial weights (no checkpoint yet)"
-    state = json.loads((found / "state.json").read_text())
-    return f"checkpoint v{state['version']} (learner step {state['learner_step']})"
+    state = read_state(found)
+    return f"checkpoint v{state.version} (learner step {state.learner_step})"
 
 
 def snapshot_text(run_dir: Path) -> str:
