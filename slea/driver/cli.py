@@ -161,6 +161,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from actors.bench import bench_actors
 
         result = bench_actors()
+    elif args.target == "cores":
+        from slea.driver.bench_cores import DEFAULT_MODEL as CORES_MODEL
+        from slea.driver.bench_cores import bench_cores
+
+        try:
+            result = bench_cores(model_name=args.model or CORES_MODEL)
+        except RuntimeError as exc:  # one core only, or a measuring process failed
+            print(f"slea bench cores: {exc}", file=sys.stderr)
+            return 1
     else:  # "async", the last of the parser's choices
         from slea.driver.bench_async import DEFAULT_MODEL, bench_async, format_report
 
@@ -391,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks that print ratios against an in-run baseline")
     bench.add_argument(
         "target",
-        choices=["stream", "envs", "learner", "retrieval", "actors", "async"],
+        choices=["stream", "envs", "learner", "retrieval", "actors", "cores", "async"],
         help="what to measure (BENCHMARKS.md: each target's figures and how to read them)",
     )
     bench.add_argument("--json", action="store_true", help="print one JSON object")
@@ -399,7 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--producers", type=int, default=4, help="stream: producer processes")
     bench.add_argument("--env", action="append", default=[], help="envs: restrict to these envs (repeatable)")
     bench.add_argument(
-        "--model", default=None, help="async: policy model ('tiny': the random tiny test model; default SmolLM2)"
+        "--model",
+        default=None,
+        help="async, cores: policy model (async also 'tiny': the random tiny test model; default SmolLM2)",
     )
     bench.add_argument(
         "--steps",

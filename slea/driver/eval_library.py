@@ -19,6 +19,7 @@ from pathlib import Path
 from actors.retrieval_client import RetrievalClient
 from slea.channels import LIBRARY_APP, RAY_NAMESPACE
 from slea.config import SleaConfig
+from slea.cpu_threads import worker_environment
 
 # Evaluation measures the library's effect, not its latency: a cold replica (embedding model
 # warming up) must not turn the first steps into misses.
@@ -67,7 +68,11 @@ def _serve_snapshot(config: SleaConfig, snapshot: Path) -> Iterator[object]:
         try:
             Publisher(client, local.run.id).start(snapshot.read_text())
             ray.init(
-                num_cpus=config.ray.num_cpus, namespace=RAY_NAMESPACE, include_dashboard=False, log_to_driver=False
+                num_cpus=config.ray.num_cpus,
+                namespace=RAY_NAMESPACE,
+                include_dashboard=False,
+                log_to_driver=False,
+                runtime_env={"env_vars": worker_environment()},
             )
             try:
                 yield start_serve_app(local, server.url)

@@ -201,6 +201,7 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
 def _join_ray(config: SleaConfig, console: RunConsole) -> None:
     """Start a local Ray or join `ray.address`; the driver's metrics go out on Ray's port or their own."""
     from monitoring.ray_metrics import use_ray_metrics
+    from slea.cpu_threads import worker_environment
 
     with console.phase(
         "starting Ray" if config.ray.address is None else f"joining the Ray cluster {config.ray.address}"
@@ -213,6 +214,7 @@ def _join_ray(config: SleaConfig, console: RunConsole) -> None:
             log_to_driver=False,
             ignore_reinit_error=True,
             logging_level=logging.WARNING,  # our own lines say what starts; Ray's INFO lines would bury them
+            runtime_env={"env_vars": worker_environment()},  # waiting OpenMP threads sleep (slea/cpu_threads.py)
         )
     from ray import serve  # noqa: F401  (imported first: importing it sets its driver-side logger to INFO)
 
