@@ -184,7 +184,7 @@ CATALOGUE: dict[str, MetricSpec] = {
         MetricSpec(
             "actor_weight_updates_total", "counter", "Weight versions an actor worker switched to.", ("worker",)
         ),
-        # actor pool size (slea/driver/pool_control.py: the driver exports these)
+        # actor pool size (driver/pool_control.py: the driver exports these)
         MetricSpec(
             "actor_pool_desired_workers", "gauge", "Actor workers the pool is asked to have (slea scale, autoscale)."
         ),
@@ -197,7 +197,7 @@ CATALOGUE: dict[str, MetricSpec] = {
             "Autoscale decisions about the actor pool, by kind (grow, shrink, hold).",
             ("kind",),
         ),
-        # run supervision (slea/driver/supervision.py: the driver exports this)
+        # run supervision (driver/supervision.py: the driver exports this)
         MetricSpec(
             "run_component_restarts_total",
             "counter",

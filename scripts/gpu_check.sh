@@ -31,9 +31,9 @@ echo "== gpu tier (tests/gpu, in the smoke order) =="
 "${PYTHON}" -m pytest tests/gpu -m gpu -x -s -q --timeout=480
 
 echo "== slea bench learner --json =="
-timeout 300 "${PYTHON}" -m slea.driver.cli bench learner --json | tee /tmp/slea-bench-learner.json
+timeout 300 "${PYTHON}" -m driver.cli bench learner --json | tee /tmp/slea-bench-learner.json
 echo "== slea bench actors --json =="
-timeout 300 "${PYTHON}" -m slea.driver.cli bench actors --json | tee /tmp/slea-bench-actors.json
+timeout 300 "${PYTHON}" -m driver.cli bench actors --json | tee /tmp/slea-bench-actors.json
 
 "${PYTHON}" - <<'EOF'
 import json

@@ -164,7 +164,7 @@ def parse_plugin_spec(spec: str) -> tuple[str, str, bool]:
 
 
 class AutoscaleConfig(_Section):
-    """The actor pool sizing itself while training goes on (slea/driver/autoscale.py decides)."""
+    """The actor pool sizing itself while training goes on (driver/autoscale.py decides)."""
 
     min_workers: int = Field(1, ge=1, description="Fewest actor workers the autoscaler keeps.")
     max_workers: int = Field(8, ge=1, description="Most actor workers the autoscaler starts.")

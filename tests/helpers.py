@@ -261,7 +261,7 @@ def start_train(cluster: TaggedRay, settings: list[str], log: Path) -> subproces
     stdout and stderr into `log`; the caller waits for it, or kills it."""
     with log.open("w") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "slea.driver.cli", "train", "configs/local.yaml", *(f"--set={s}" for s in settings)],
+            [sys.executable, "-m", "driver.cli", "train", "configs/local.yaml", *(f"--set={s}" for s in settings)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=cluster.env,

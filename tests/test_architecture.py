@@ -26,8 +26,9 @@ def test_import_contracts_are_kept():
 
 
 def test_the_contracts_list_every_module_of_the_spine():
-    """A new module of slea/ outside the driver is a contract, so it must be in the contract that
-    keeps contracts free of components (else it could import one unseen)."""
+    """slea/ is the floor: every module in it is a contract, so it must be in the contract that keeps
+    contracts free of components (else it could import one unseen), and it holds no subpackage (the
+    driver, the roof, is its own package: driver/)."""
     contracts = configparser.ConfigParser()
     contracts.read(REPO / ".importlinter")
     listed = set(contracts["importlinter:contract:contracts-import-no-component"]["source_modules"].split())
@@ -36,6 +37,8 @@ def test_the_contracts_list_every_module_of_the_spine():
         f"add these to .importlinter's contracts-import-no-component: {sorted(spine - listed)}"
     )
     assert "monitoring" in listed
+    subpackages = [path.name for path in (REPO / "slea").iterdir() if (path / "__init__.py").exists()]
+    assert subpackages == [], f"slea/ holds only contracts; move {subpackages} out (the driver lives in driver/)"
 
 
 def test_ruff_lint_passes():

@@ -36,7 +36,7 @@ from slea.records import decode
 from slea.streams import PAYLOAD_FIELD
 
 pytestmark = pytest.mark.slow
-SLEA = [sys.executable, "-m", "slea.driver.cli"]
+SLEA = [sys.executable, "-m", "driver.cli"]
 CHECKPOINT_EVERY = 3  # the cluster goes between two checkpoints: a step or two are lost and redone
 
 

@@ -6,10 +6,10 @@ import sys
 import pytest
 from wandb_offline import offline_run
 
-from slea.driver.run_outputs import read_metrics
+from driver.run_outputs import read_metrics
 
 pytestmark = pytest.mark.slow
-SLEA = [sys.executable, "-m", "slea.driver.cli"]
+SLEA = [sys.executable, "-m", "driver.cli"]
 
 
 def train(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -36,7 +36,7 @@ REDIS_OUTAGE_S = 3.0  # longer than redis-py's own few quick retries: the compon
 
 
 class Run:
-    """The components of one run, started as slea/driver/train.py starts them, plus the levers to break them."""
+    """The components of one run, started as driver/train.py starts them, plus the levers to break them."""
 
     def __init__(self, config, run_dir):
         self.config, self.run_dir = config, run_dir
@@ -69,7 +69,7 @@ class Run:
         return sum(summary["retrieval_misses"] for summary in self.pool.summaries())
 
     def stop(self) -> None:
-        """Graceful order of slea/driver/train.py: no new groups -> learner checkpoint -> library snapshot."""
+        """Graceful order of driver/train.py: no new groups -> learner checkpoint -> library snapshot."""
         self.pool.stop()
         self.learner.stop.remote()
         ray.get(self.learner_run, timeout=120)

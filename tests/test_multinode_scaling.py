@@ -34,7 +34,7 @@ from slea.records import decode
 from slea.streams import PAYLOAD_FIELD
 
 pytestmark = pytest.mark.slow
-SLEA = [sys.executable, "-m", "slea.driver.cli"]
+SLEA = [sys.executable, "-m", "driver.cli"]
 MB = 1024**2
 NODE_TYPES = {
     "ray.actor": {"resources": {"CPU": 1, "actor_pool": 1, "object_store_memory": 150 * MB}, "max_workers": 3},

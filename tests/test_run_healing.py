@@ -1,7 +1,7 @@
 """A run past its restart budget (issue 22, item 1): with run.max_failures=0 the first learner death
 stops `slea train` with exit 1 and a message naming the learner and its error, after the usual
 shutdown, so the library still takes its final snapshot. Restarts within the budget are
-tests/slea/driver/test_supervision.py (the supervisor alone) and tests/test_chaos.py (a whole run
+tests/driver/test_supervision.py (the supervisor alone) and tests/test_chaos.py (a whole run
 under repeated faults).
 
 Only the test's own processes are killed (tests/helpers.py TaggedRay); never `ray stop`.

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from required_tools import vllm_python
 
-from slea.driver.run_outputs import read_metrics
+from driver.run_outputs import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def test_train_with_vllm_actors_takes_the_learners_weights(tmp_path):
         arg for key, value in {**SETTINGS, "run.dir": str(tmp_path)}.items() for arg in ("--set", f"{key}={value}")
     ]
     result = subprocess.run(
-        [vllm_python(), "-m", "slea.driver.cli", "train", "configs/local.yaml", *overrides],
+        [vllm_python(), "-m", "driver.cli", "train", "configs/local.yaml", *overrides],
         capture_output=True,
         text=True,
         timeout=480,  # inside pytest's 600 s

@@ -72,6 +72,24 @@ def test_every_copy_source_is_in_the_build_context(flavour):
 
 
 @pytest.mark.parametrize("flavour", DOCKERFILES)
+def test_every_package_the_project_installs_is_copied(flavour):
+    """pip installs what pyproject's package list finds: a package left out of the COPYs is missing
+    from the image, and `slea` fails there on its first import of it."""
+    import tomllib
+
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {pattern.rstrip("*") for pattern in patterns}
+    copied = {
+        part.rstrip("/")
+        for name, rest in instructions(DOCKERFILES[flavour])
+        if name == "COPY"
+        for part in rest.split()[:-1]
+        if not part.startswith("--")
+    }
+    assert packages - copied == set(), f"{flavour}: COPY these packages into the image: {sorted(packages - copied)}"
+
+
+@pytest.mark.parametrize("flavour", DOCKERFILES)
 def test_runs_as_non_root_and_ships_no_secrets(flavour):
     steps = instructions(DOCKERFILES[flavour])
     args = build_args(DOCKERFILES[flavour])

@@ -112,12 +112,12 @@ def test_6_slea_train_gpu_config_two_steps(tmp_path):
     settings = tiny_run(tmp_path, "gpu-check", "smollm2-135m-instruct")
     settings += ["learner.max_steps=2", "learner.tasks_per_step=2", "model.max_new_tokens=32"]
     settings += ["model.max_prompt_tokens=1024", "eval.every=0"]
-    command = [sys.executable, "-m", "slea.driver.cli", "train", str(REPO / "configs/gpu.yaml")]
+    command = [sys.executable, "-m", "driver.cli", "train", str(REPO / "configs/gpu.yaml")]
     command += [arg for setting in settings for arg in ("--set", setting)]
     started = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, timeout=480, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    from slea.driver.run_outputs import read_metrics
+    from driver.run_outputs import read_metrics
 
     steps = [line for line in read_metrics(tmp_path / "gpu-check") if "learner/policy_version" in line]
     assert [line["learner/policy_version"] for line in steps] == [1, 2]

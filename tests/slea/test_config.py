@@ -124,7 +124,7 @@ def test_cli_preset_conflict_exits_2_naming_both_keys():
         [
             sys.executable,
             "-m",
-            "slea.driver.cli",
+            "driver.cli",
             "train",
             str(REPO / "configs/local.yaml"),
             "--set",
@@ -147,7 +147,7 @@ def test_config_show_prints_the_resolved_config():
         [
             sys.executable,
             "-m",
-            "slea.driver.cli",
+            "driver.cli",
             "config",
             "show",
             str(REPO / "configs/local.yaml"),
@@ -218,7 +218,7 @@ def test_cli_exits_2_with_one_line_naming_the_key(tmp_path, content, key):
     path = tmp_path / "run.yaml"
     path.write_text(content)
     result = subprocess.run(
-        [sys.executable, "-m", "slea.driver.cli", "train", str(path)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "driver.cli", "train", str(path)], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()

@@ -10,7 +10,7 @@ import pytest
 from slea.config import load_config
 from slea.services import RunExists, prepare_run_dir
 
-SLEA = [sys.executable, "-m", "slea.driver.cli"]
+SLEA = [sys.executable, "-m", "driver.cli"]
 LOCAL = str(Path(__file__).resolve().parents[2] / "configs" / "local.yaml")
 
 

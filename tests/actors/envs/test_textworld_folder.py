@@ -18,7 +18,7 @@ from actors.envs.tasks import TaskSampler, panel_tasks
 from actors.envs.textworld_folder import GamesFolder, list_games
 from actors.envs.textworld_games import DIFFICULTIES, compiled_game
 
-SLEA = [sys.executable, "-m", "slea.driver.cli"]
+SLEA = [sys.executable, "-m", "driver.cli"]
 TW_MAKE = Path(sys.executable).parent / "tw-make"
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from slea.driver.bench_cores import bench_cores, overlap_gain
+from driver.bench_cores import bench_cores, overlap_gain
 from slea.models import tiny_model
 
 

@@ -2,7 +2,7 @@
 
 RUN is a run directory (its driver.json names the Ray cluster the driver joined) or a run id
 (the cluster is `--address`, "auto" on a KubeRay head pod). The command joins that cluster,
-finds the run's RunControl actor (slea/driver/pool_control.py) and sets the desired size; the
+finds the run's RunControl actor (driver/pool_control.py) and sets the desired size; the
 driver's loop applies it within a poll. The learner and the library never notice.
 """
 
@@ -24,7 +24,7 @@ class ScaleError(Exception):
 
 def locate_run(run: str, address: str) -> tuple[str, str]:
     """(run id, Ray address) for RUN: a run directory's driver.json, or a run id and `address`."""
-    from slea.driver.pool_control import DRIVER_FILE
+    from driver.pool_control import DRIVER_FILE
 
     path = Path(run)
     if not path.is_dir():

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from slea.driver.cli import main
+from driver.cli import main
 
-SLEA = [sys.executable, "-m", "slea.driver.cli"]
+SLEA = [sys.executable, "-m", "driver.cli"]
 
 
 def closed_port() -> int:

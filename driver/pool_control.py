@@ -7,7 +7,7 @@ is going. The driver writes the Ray address it joined into `<run dir>/driver.jso
 runs/<id>` finds the cluster; with a bare run id it joins `--address` (auto on a KubeRay head).
 Every poll the driver reads the desired size, resizes the pool if it changed (ActorPool.scale
 waits for neither new nor removed workers), and exports desired and alive worker counts; with
-`actors.autoscale` it also decides a size every `interval_s` (slea/driver/autoscale.py).
+`actors.autoscale` it also decides a size every `interval_s` (driver/autoscale.py).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from driver.autoscale import PoolSignals, decide, throttled_fraction
 from monitoring.metrics import metric
 from slea.channels import RAY_NAMESPACE, run_control_name
 from slea.config import SleaConfig
-from slea.driver.autoscale import PoolSignals, decide, throttled_fraction
 
 DRIVER_FILE = "driver.json"  # in the run directory while its driver runs: run id, Ray address, pid, host
 

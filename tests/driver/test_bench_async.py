@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from slea.driver.bench_async import StepBreakdown, attribute_speedup, explain, overlap_bound, step_breakdown
+from driver.bench_async import StepBreakdown, attribute_speedup, explain, overlap_bound, step_breakdown
 
-SLEA = [sys.executable, "-m", "slea.driver.cli"]
+SLEA = [sys.executable, "-m", "driver.cli"]
 
 
 def test_overlap_bound_hides_the_shorter_phase_behind_the_longer():

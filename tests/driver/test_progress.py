@@ -5,10 +5,10 @@ from pathlib import Path
 
 from rich.console import Console
 
+from driver.progress import Progress, RunConsole, eval_progress_text, shown_counts, summary_lines
 from slea.config import load_config
-from slea.driver.progress import Progress, RunConsole, eval_progress_text, shown_counts, summary_lines
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def plain_console() -> tuple[RunConsole, io.StringIO]:

@@ -7,10 +7,10 @@ import threading
 
 from rich.console import Console
 
+from driver.progress import Progress, RunConsole
+from driver.run_outputs import RunRecorder
+from driver.train import Watch, run_metrics
 from slea.config import load_config
-from slea.driver.progress import Progress, RunConsole
-from slea.driver.run_outputs import RunRecorder
-from slea.driver.train import Watch, run_metrics
 from slea.embedded_redis import EmbeddedRedis
 from slea.redis_conn import connect
 from slea.services import STREAM_GROUPS

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from driver.gpu_placement import gpu_requests, gpu_shortfall, unplaceable
 from slea.config import load_config
-from slea.driver.gpu_placement import gpu_requests, gpu_shortfall, unplaceable
 
-GPU_CONFIG = Path(__file__).resolve().parents[3] / "configs/gpu.yaml"
+GPU_CONFIG = Path(__file__).resolve().parents[2] / "configs/gpu.yaml"
 
 
 def test_the_gpu_config_fits_one_gpu_and_not_zero():
@@ -48,7 +48,7 @@ def test_more_ranks_workers_and_the_evaluator_all_count():
 def test_the_gpus_of_a_real_local_ray():
     import ray
 
-    from slea.driver.gpu_placement import cluster_gpus_per_node
+    from driver.gpu_placement import cluster_gpus_per_node
 
     ray.init(num_cpus=1, num_gpus=0, include_dashboard=False, log_to_driver=False)
     try:

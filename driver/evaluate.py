@@ -163,7 +163,7 @@ def evaluate(
     max_batch: int = 16,
 ) -> EvalReport:
     """`slea eval`: resolve the policy, load it once into one engine, serve the library if there is one, play."""
-    from slea.driver.eval_library import eval_library
+    from driver.eval_library import eval_library
 
     source = resolve_policy(model_or_checkpoint)
     config = eval_config(source, config_file, list(overrides))

@@ -90,8 +90,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     config = load_config(args.config, [*args.overrides, *_plugin_overrides(args)])
     load_plugins(config.envs.plugins)  # a bad plugin fails here, before Redis, Ray and the model start
-    from slea.driver.supervision import ComponentFailed
-    from slea.driver.train import train
+    from driver.supervision import ComponentFailed
+    from driver.train import train
 
     try:
         return train(config, resume_dir=args.resume)
@@ -107,7 +107,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from slea.driver.doctor import run_doctor
+    from driver.doctor import run_doctor
 
     return run_doctor(json_output=args.json)
 
@@ -142,7 +142,7 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.target == "stream":
-        from slea.driver.bench_stream import bench_stream
+        from driver.bench_stream import bench_stream
 
         result = bench_stream(records=args.records, producers=args.producers)
     elif args.target == "envs":
@@ -162,8 +162,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         result = bench_actors()
     elif args.target == "cores":
-        from slea.driver.bench_cores import DEFAULT_MODEL as CORES_MODEL
-        from slea.driver.bench_cores import bench_cores
+        from driver.bench_cores import DEFAULT_MODEL as CORES_MODEL
+        from driver.bench_cores import bench_cores
 
         try:
             result = bench_cores(model_name=args.model or CORES_MODEL)
@@ -171,7 +171,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"slea bench cores: {exc}", file=sys.stderr)
             return 1
     else:  # "async", the last of the parser's choices
-        from slea.driver.bench_async import DEFAULT_MODEL, bench_async, format_report
+        from driver.bench_async import DEFAULT_MODEL, bench_async, format_report
 
         try:
             result = bench_async(model=args.model or DEFAULT_MODEL, measured_steps=args.steps, timeout_s=args.timeout)
@@ -200,7 +200,7 @@ def cmd_library_show(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from slea.driver.evaluate import evaluate
+    from driver.evaluate import evaluate
 
     try:
         report = evaluate(
@@ -229,7 +229,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from slea.driver.run_outputs import compare_runs
+    from driver.run_outputs import compare_runs
 
     try:
         table, png = compare_runs(args.runs, args.out, key=args.key, by_preset=args.by_preset)
@@ -242,7 +242,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from slea.driver.scale import ScaleError, scale_run
+    from driver.scale import ScaleError, scale_run
 
     try:
         print(scale_run(args.run, args.actors, address=args.address))

@@ -46,7 +46,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from slea.driver.run_outputs import METRICS_FILE
+from driver.run_outputs import METRICS_FILE
 
 TINY = "tiny"  # model name meaning the randomly initialised tiny test model (slea.models.tiny_model)
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -197,7 +197,7 @@ def _train(mode: str, settings: list[str], steps: int, run_dir: Path, deadline: 
         f"learner.max_steps={steps}",
         f"actors.synchronous={mode == 'sync'}",
     ]
-    command = [sys.executable, "-m", "slea.driver.cli", "train", "configs/local.yaml"]
+    command = [sys.executable, "-m", "driver.cli", "train", "configs/local.yaml"]
     for override in overrides:
         command += ["--set", override]
     started = time.monotonic()

@@ -12,13 +12,13 @@ from actors.engines.base import SamplingSettings  # noqa: E402
 from actors.engines.transformers_engine import TransformersEngine  # noqa: E402
 from actors.envs.registry import make_env  # noqa: E402
 from actors.envs.tasks import panel_tasks  # noqa: E402
+from driver.eval_library import eval_library  # noqa: E402
+from driver.evaluate import evaluate_engine  # noqa: E402
 from library.embedding import Embedder  # noqa: E402
 from library.experience import STRATEGY, WARNING, Candidate  # noqa: E402
 from library.persistence import snapshot_text, write_snapshot  # noqa: E402
 from library.state import Library  # noqa: E402
 from slea.config import load_config  # noqa: E402
-from slea.driver.eval_library import eval_library  # noqa: E402
-from slea.driver.evaluate import evaluate_engine  # noqa: E402
 from slea.models import tiny_model  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""The driver's supervision of the learner and the library writer (slea/driver/supervision.py), on
+"""The driver's supervision of the learner and the library writer (driver/supervision.py), on
 a real local Ray with small stand-in actors: a component's process killed, an exception raised by
 its run(), a run() that finishes, and the restart budget run.max_failures running out. The whole
 run healing itself is tests/test_chaos.py."""
@@ -13,7 +13,7 @@ import pytest
 import ray
 from prometheus_client import REGISTRY
 
-from slea.driver.supervision import (
+from driver.supervision import (
     ComponentFailed,
     Supervised,
     Supervisor,

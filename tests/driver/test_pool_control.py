@@ -6,10 +6,10 @@ import sys
 import pytest
 from helpers import tiny_run
 
-from slea.driver.run_outputs import read_metrics
+from driver.run_outputs import read_metrics
 
 pytestmark = pytest.mark.slow
-SLEA = [sys.executable, "-m", "slea.driver.cli"]
+SLEA = [sys.executable, "-m", "driver.cli"]
 
 
 def test_a_learner_waiting_for_groups_grows_the_pool(tmp_path, tiny_model_dir):

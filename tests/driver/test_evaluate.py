@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
+from driver.evaluate import resolve_policy
 from slea.config import dump_config, load_config
-from slea.driver.evaluate import resolve_policy
 from slea.models import tiny_model
 
-SLEA = [sys.executable, "-m", "slea.driver.cli"]
+SLEA = [sys.executable, "-m", "driver.cli"]
 
 
 def fake_run(tmp_path, versions=(2, 3), save_weights=False):

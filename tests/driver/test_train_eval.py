@@ -9,7 +9,7 @@ import time
 import pytest
 import ray
 
-from slea.driver.train_eval import HEADLINE, EvalSchedule, eval_metrics
+from driver.train_eval import HEADLINE, EvalSchedule, eval_metrics
 
 
 def _row(decoding, library, success, available=True, by_type=None):

@@ -1,9 +1,9 @@
-"""The autoscale decision on hand-computed intervals (slea/driver/autoscale.py)."""
+"""The autoscale decision on hand-computed intervals (driver/autoscale.py)."""
 
 import pytest
 
+from driver.autoscale import PoolSignals, decide, throttled_fraction
 from slea.config import AutoscaleConfig, ConfigError, load_config
-from slea.driver.autoscale import PoolSignals, decide, throttled_fraction
 
 POLICY = AutoscaleConfig(min_workers=1, max_workers=4, grow_wait_fraction=0.25, shrink_throttled_fraction=0.5)
 

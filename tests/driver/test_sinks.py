@@ -6,9 +6,9 @@ import pytest
 import wandb
 from wandb_offline import offline_run
 
+from driver.run_outputs import RunRecorder, read_metrics
+from driver.sinks import WANDB_DIR, WANDB_RUN_ID_FILE, TensorBoardSink, WandbSink, open_sinks
 from slea.config import ConfigError, load_config
-from slea.driver.run_outputs import RunRecorder, read_metrics
-from slea.driver.sinks import WANDB_DIR, WANDB_RUN_ID_FILE, TensorBoardSink, WandbSink, open_sinks
 
 
 @pytest.fixture(autouse=True)

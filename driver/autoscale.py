@@ -12,7 +12,7 @@ They rarely hold together: while actors are throttled, ready groups pile up and 
 does not wait. Shrinking is checked first all the same: playing past the bound is wasted work.
 No growth while workers of an earlier decision are still starting (a node being added, a model
 loading): the interval they missed says nothing yet about the size they make. The driver
-(slea/driver/pool_control.py) collects the signals and applies the decision.
+(driver/pool_control.py) collects the signals and applies the decision.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ class PanelEvaluator:
         """A client of the run's live library app, or None (no library, or it is not up)."""
         if not (self.config.library.enabled and self.config.eval.library):
             return None
-        from slea.driver.eval_library import retrieval_client_for, running_library_app
+        from driver.eval_library import retrieval_client_for, running_library_app
 
         handle = running_library_app()
         return retrieval_client_for(self.config, handle) if handle is not None else None
@@ -108,7 +108,7 @@ class PanelEvaluator:
         Before the first update (step 0) the panel is played without the library: it is empty
         then, or holds only what training added while this evaluation waited, so a with-library
         row would measure neither the base policy nor a trained one."""
-        from slea.driver.evaluate import evaluate_engine
+        from driver.evaluate import evaluate_engine
 
         version = self._load_latest_weights()
         cfg = self.config

@@ -3,7 +3,7 @@
 `slea train` hands the RunRecorder one flat dict of metrics per learner step. Each becomes a
 JSON line (the durable record: plots and learning curves are rebuilt from it alone, and a
 resumed run appends to it), goes to the sinks of `monitoring.sinks` (TensorBoard, W&B: for live
-inspection, slea/driver/sinks.py), and every `plot_every` steps the PNGs are redrawn from the
+inspection, driver/sinks.py), and every `plot_every` steps the PNGs are redrawn from the
 whole file, so a run killed at any point leaves plots.
 
 Metric keys the plots read (any other key is recorded and sent to the sinks, not plotted):
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from slea.driver.sinks import MetricSink
+from driver.sinks import MetricSink
 
 METRICS_FILE = "metrics.jsonl"
 PLOTS_DIR = "plots"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from slea.driver.cli import build_parser
+from driver.cli import build_parser
 
-SLEA = [sys.executable, "-m", "slea.driver.cli"]
-LOCAL = str(Path(__file__).resolve().parents[3] / "configs" / "local.yaml")
+SLEA = [sys.executable, "-m", "driver.cli"]
+LOCAL = str(Path(__file__).resolve().parents[2] / "configs" / "local.yaml")
 
 
 def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from driver.cli import _plugin_overrides, build_parser, main
+from driver.run_outputs import read_metrics
 from slea.config import load_config
-from slea.driver.cli import _plugin_overrides, build_parser, main
-from slea.driver.run_outputs import read_metrics
 
-ROOT = Path(__file__).resolve().parents[3]
-SLEA = [sys.executable, "-m", "slea.driver.cli"]
+ROOT = Path(__file__).resolve().parents[2]
+SLEA = [sys.executable, "-m", "driver.cli"]
 ADAPTER = "docs/examples/taxi_env.py"
 TAXI = f"taxi={ADAPTER}:TaxiTextEnv"
 

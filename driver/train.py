@@ -3,7 +3,7 @@
 Services first (run directory, Redis, Ray), then the library writer and its Serve app, the
 learner (`learner.num_ranks` Ray actors; the driver talks to rank 0), and the actor pool, each
 placed by its own resources. The driver only watches: it supervises the pool, restarts a dead
-learner or library writer (slea/driver/supervision.py, up to run.max_failures), drains learner
+learner or library writer (driver/supervision.py, up to run.max_failures), drains learner
 metrics into the run directory, and draws the progress display. Actors never wait for the
 learner and the learner never waits for a rollout phase; they meet in the stream and the weight
 registry.
@@ -25,9 +25,9 @@ import ray
 from rich.console import Console
 from rich.live import Live
 
+from driver.progress import Progress, RunConsole, summary_lines
 from slea.channels import RAY_NAMESPACE
 from slea.config import ConfigError, SleaConfig, check_trainable
-from slea.driver.progress import Progress, RunConsole, summary_lines
 from slea.redis_conn import connect, with_reconnect
 from slea.services import STREAM_GROUPS, prepare_run_dir, redis_for_run, sigterm_as_interrupt
 from slea.stream_admin import group_stats, trim_acknowledged
@@ -37,7 +37,7 @@ POLL_S = 2.0
 
 
 def run_metrics(learner: dict, lags: dict[str, int], library: dict | None, pool: list[dict] | None = None) -> dict:
-    """One flat metrics.jsonl line (keys documented in slea/driver/run_outputs.py) from a learner step,
+    """One flat metrics.jsonl line (keys documented in driver/run_outputs.py) from a learner step,
     the stream's lag per group, the library's sizes and the actor workers' summaries. From the
     summaries: "actors/busy_s" and "actors/throttled_s", seconds with a group in play and seconds
     held back by the gate, summed over workers since each (incarnation) started, as of the line's
@@ -110,8 +110,8 @@ def train(config: SleaConfig, resume_dir: str | None = None) -> int:
 
 def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False) -> int:
     from actors.pool import ActorPool
-    from slea.driver.pool_control import PoolSizer
-    from slea.driver.supervision import Supervisor
+    from driver.pool_control import PoolSizer
+    from driver.supervision import Supervisor
 
     client = connect(config.redis)
     stream = config.stream_key()
@@ -165,7 +165,7 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
         )
         with live or contextlib.nullcontext():
             while True:
-                # A dead learner or library writer is restarted here (slea/driver/supervision.py).
+                # A dead learner or library writer is restarted here (driver/supervision.py).
                 finished = supervisor.finished(learner, timeout_s=POLL_S)
                 if library is not None:
                     supervisor.finished(library)
@@ -228,8 +228,8 @@ def _join_ray(config: SleaConfig, console: RunConsole) -> None:
 
 
 def _print_summary(run_dir, progress: Progress, summaries: list[dict], stats, console: RunConsole) -> None:
+    from driver.run_outputs import read_metrics
     from learner.checkpoint import latest_checkpoint
-    from slea.driver.run_outputs import read_metrics
 
     evaluations = [entry for entry in read_metrics(run_dir) if "eval/success_rate" in entry]
     checkpoint = latest_checkpoint(run_dir / "learner" / "checkpoints")
@@ -240,12 +240,12 @@ def _print_summary(run_dir, progress: Progress, summaries: list[dict], stats, co
 
 
 class Watch:
-    """What the driver does every poll while the run goes (slea/driver/train.py _run calls step()
+    """What the driver does every poll while the run goes (driver/train.py _run calls step()
     every POLL_S until the learner returns): supervise the pool, read the stream's lags and trim
     what every group acknowledged, drain the learner's steps into metrics.jsonl and the sinks (one
     log line each off a terminal), apply `slea scale` and the autoscaler, feed the evaluator, and
     redraw the live table. Its collaborators come in as arguments, so one step is tested alone
-    (tests/slea/driver/test_train.py)."""
+    (tests/driver/test_train.py)."""
 
     def __init__(
         self,
@@ -303,9 +303,9 @@ class Watch:
 
 def _start_library(config: SleaConfig, run_dir):
     """The library writer, supervised (a new one restores the latest snapshot), and the Serve app."""
+    from driver.supervision import Supervised, snapshot_text
     from library.process import LibraryProcess
     from library.service import start_serve_app
-    from slea.driver.supervision import Supervised, snapshot_text
 
     def start():
         writer = LibraryProcess.options(num_cpus=1, resources=dict(config.library.resources) or None).remote(
@@ -322,8 +322,8 @@ def _start_library(config: SleaConfig, run_dir):
 def _start_learner(config: SleaConfig, run_dir):
     """The learner's ranks, supervised: a new set resumes from the latest checkpoint and re-reads
     the stream entries pending for it. The driver talks to rank 0; the other ranks follow it."""
+    from driver.supervision import Supervised, checkpoint_text
     from learner.process import start_learner
-    from slea.driver.supervision import Supervised, checkpoint_text
 
     def start():
         ranks = start_learner(
@@ -341,8 +341,8 @@ def _start_learner(config: SleaConfig, run_dir):
 
 def _check_gpus(config: SleaConfig, console: RunConsole) -> None:
     """Refuse (local Ray) or warn about (a cluster, which an autoscaler may grow) GPU requests that no
-    node can place, before a Ray actor waits for them (slea/driver/gpu_placement.py)."""
-    from slea.driver.gpu_placement import cluster_gpus_per_node, gpu_shortfall
+    node can place, before a Ray actor waits for them (driver/gpu_placement.py)."""
+    from driver.gpu_placement import cluster_gpus_per_node, gpu_shortfall
 
     shortfall = gpu_shortfall(config, cluster_gpus_per_node())
     if shortfall is None:
@@ -356,7 +356,7 @@ def _start_evaluator(config: SleaConfig, run_dir):
     """The held-out evaluator and its schedule, or None when `eval.every` is 0."""
     if config.eval.every == 0:
         return None
-    from slea.driver.train_eval import EvalSchedule, PanelEvaluator
+    from driver.train_eval import EvalSchedule, PanelEvaluator
 
     evaluator = PanelEvaluator.options(num_cpus=config.eval.num_cpus, num_gpus=config.eval.num_gpus).remote(
         config.model_dump(mode="json"), str(run_dir)
@@ -365,7 +365,7 @@ def _start_evaluator(config: SleaConfig, run_dir):
 
 
 def _record_evals(finished: list[tuple[int, dict]], progress: Progress, recorder, console: RunConsole) -> None:
-    from slea.driver.train_eval import HEADLINE
+    from driver.train_eval import HEADLINE
 
     for learner_step, metrics in finished:
         recorder.record(learner_step, metrics)
@@ -387,8 +387,8 @@ def _show_eval_progress(evals, progress: Progress, console: RunConsole, always_l
 
 
 def _recorder(config: SleaConfig, run_dir):
-    from slea.driver.run_outputs import RunRecorder
-    from slea.driver.sinks import open_sinks
+    from driver.run_outputs import RunRecorder
+    from driver.sinks import open_sinks
 
     return RunRecorder(run_dir, sinks=open_sinks(config, run_dir), plots=config.monitoring.plots)
 

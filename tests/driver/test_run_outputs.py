@@ -6,8 +6,8 @@ import pytest
 from matplotlib.image import imread
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from slea.driver.run_outputs import RunRecorder, compare_runs, read_metrics, series
-from slea.driver.sinks import TensorBoardSink
+from driver.run_outputs import RunRecorder, compare_runs, read_metrics, series
+from driver.sinks import TensorBoardSink
 
 
 def step_metrics(step: int) -> dict:
