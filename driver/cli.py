@@ -229,15 +229,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from driver.run_outputs import compare_runs
-
     try:
-        table, png = compare_runs(args.runs, args.out, key=args.key, by_preset=args.by_preset)
-    except ValueError as exc:  # a run without the metric
+        if args.by_preset:
+            from driver.study import study_report
+
+            table, plots = study_report(args.runs, args.out_dir)
+        else:
+            from driver.run_outputs import compare_runs
+
+            table, plot = compare_runs(args.runs, args.out, key=args.key)
+            plots = [plot]
+    except ValueError as exc:  # a run without the metric or without held-out episodes, a run counted twice
         print(f"slea compare: {exc}", file=sys.stderr)
         return 2
     print(table)
-    print(f"plot: {png}")
+    print("plots: " + ", ".join(str(path) for path in plots))
     return 0
 
 
@@ -345,13 +351,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     compare = commands.add_parser("compare", help="held-out learning curves of several runs: one plot, one table")
     compare.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (labelled by run id and preset)")
-    compare.add_argument("--out", default="learning_curves.png", metavar="PNG", help="plot file")
-    compare.add_argument("--key", default="eval/success_rate", help="metrics.jsonl key to compare")
+    compare.add_argument("--out", default="learning_curves.png", metavar="PNG", help="plot file (per run)")
+    compare.add_argument("--key", default="eval/success_rate", help="metrics.jsonl key to compare (per run)")
     compare.add_argument(
         "--by-preset",
         action="store_true",
-        help="runs of one preset are seeds of one arm: mean, range (min-max) and count per step",
+        help="runs of one preset (and run.edge) are seeds of one arm: success, invalid actions and reward per "
+        "arm and step with 95%% bootstrap intervals over seeds and tasks, and each pair's difference",
     )
+    compare.add_argument("--out-dir", default="study", metavar="DIR", help="--by-preset: where the plots go")
     compare.set_defaults(func=cmd_compare)
 
     play = commands.add_parser("play", help="play episodes of an env with an expert or random policy")

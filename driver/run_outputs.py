@@ -166,16 +166,11 @@ class RunRecorder:
         self.close()
 
 
-def compare_runs(
-    run_dirs: list[str | Path], out_png: str | Path, key: str = "eval/success_rate", by_preset: bool = False
-) -> tuple[str, Path]:
-    """`slea compare`: a markdown table of `key` per learner step and the plot of the same curves.
-
-    One column per run, labelled "<run id> (<preset>)" from its config.yaml; with `by_preset`, runs
-    of one preset are the seeds of one arm: a column per preset with the mean over its runs, the
-    range (min-max) and how many runs have the step, and the plot draws the mean with the range
-    shaded."""
-    runs = {}
+def compare_runs(run_dirs: list[str | Path], out_png: str | Path, key: str = "eval/success_rate") -> tuple[str, Path]:
+    """`slea compare`: a markdown table of `key` per learner step and the plot of the same curves,
+    one column per run, labelled "<run id> (<preset>)" from its config.yaml. Arms with seeds and
+    intervals: `slea compare --by-preset` (driver/study.py)."""
+    columns, lines = {}, {}
     for run_dir in run_dirs:
         run = _run_section(run_dir)
         found = series(read_metrics(run_dir), key).get(key)
@@ -184,26 +179,17 @@ def compare_runs(
                 f"run '{run.get('id', Path(run_dir).name)}' ({run_dir}) has no '{key}' in {METRICS_FILE}: "
                 "it recorded no held-out evaluation yet"
             )
-        label = (
-            run.get("preset", "?") if by_preset else f"{run.get('id', Path(run_dir).name)} ({run.get('preset', '?')})"
-        )
-        runs.setdefault(label, []).append(dict(zip(*found)))
-    steps = sorted({step for arm in runs.values() for values in arm for step in values})
-    lines, bands, columns = {}, {}, {}
-    for label, arm in runs.items():
-        at = {step: [values[step] for values in arm if step in values] for step in steps}
-        at = {step: found for step, found in at.items() if found}
-        lines[label] = (list(at), [sum(found) / len(found) for found in at.values()])
-        bands[label] = ([min(found) for found in at.values()], [max(found) for found in at.values()])
-        columns[label] = {step: _cell(found, by_preset) for step, found in at.items()}
+        label = f"{run.get('id', Path(run_dir).name)} ({run.get('preset', '?')})"
+        lines[label] = found
+        columns[label] = {step: f"{value:.3f}" for step, value in zip(*found)}
+    steps = sorted({step for column in columns.values() for step in column})
     png = Path(out_png)
     draw_lines(
         lines,
         png,
-        f"held-out panel: {key}" + (" (mean over runs, range shaded)" if by_preset else ""),
+        f"held-out panel: {key}",
         key.rsplit("/", 1)[-1].replace("_", " "),
         unit_interval=key.endswith("_rate"),
-        bands=bands if by_preset else None,
     )
     rows = [f"| learner step | {' | '.join(columns)} |", "|---" * (len(columns) + 1) + "|"]
     for step in steps:
@@ -216,10 +202,3 @@ def _run_section(run_dir: str | Path) -> dict:
 
     config_file = Path(run_dir) / "config.yaml"
     return yaml.safe_load(config_file.read_text()).get("run", {}) if config_file.is_file() else {}
-
-
-def _cell(values: list[float], with_spread: bool) -> str:
-    """One run's value, or a mean with its range and count ("0.250 (0.188-0.312, n=2)")."""
-    if not with_spread:
-        return f"{values[0]:.3f}"
-    return f"{sum(values) / len(values):.3f} ({min(values):.3f}-{max(values):.3f}, n={len(values)})"

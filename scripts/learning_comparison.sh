@@ -1,44 +1,44 @@
 #!/usr/bin/env bash
-# The TextWorld learning comparison of docs/learning.md: SLEA, GRPO and task-level retrieval, each
-# with the seeds given (default "0 1"), one run after the other (two learners do not fit in 24 GiB
-# together), from configs/textworld-learning.yaml; then the held-out results by preset (mean and
-# range over seeds) into docs/learning/. The first run also evaluates the base model before its
-# first update: every run starts from that same policy (and an empty library), so the others skip
-# that evaluation and share it as the baseline. Runs go to runs/tw-<preset>-s<seed>; a finished
-# run is not repeated (delete its directory to redo it). Each finished run's resolved config and
-# held-out evaluation lines are kept in docs/learning/runs/<id>/ (runs/ is not committed), and the
-# tables and plots are drawn from every run kept there, so a later session adds seeds to them.
-#   bash scripts/learning_comparison.sh            # 6 runs
-#   SEEDS="0 1 2" bash scripts/learning_comparison.sh
+# The TextWorld learning study of docs/learning.md (issue 21): SLEA and GRPO with 3 seeds each,
+# task-level retrieval and SLEA with EDGE with 2 seeds each, one run after the other (two learners
+# do not fit in 24 GiB together), from configs/textworld-study.yaml; then every kept run's arms with
+# 95% intervals (`slea compare --by-preset`) into docs/learning/. The first run also evaluates the
+# base model before its first update: every run starts from that same policy (and an empty
+# library), so the others skip that evaluation and share it as the baseline.
+#
+# Runs go to runs/<id>; each finished run is kept in docs/learning/runs/<id>/ (its resolved config,
+# its held-out evaluation lines, every held-out episode, how long it took), which is committed, and
+# a run kept there is not repeated: the study can be completed across sessions, a run at a time.
+#   bash scripts/learning_comparison.sh                    # every arm and seed not kept yet
+#   ARMS="grpo:0" bash scripts/learning_comparison.sh      # one run (preset[+edge]:seed ...)
+#   CONFIG=configs/textworld-learning.yaml ...             # another setting
 set -euo pipefail
 cd "$(dirname "$0")/.."
-seeds=${SEEDS:-"0 1"}
-presets=${PRESETS:-"slea grpo task_retrieval"}
+config=${CONFIG:-configs/textworld-study.yaml}
+arms=${ARMS:-"slea:0 grpo:0 slea:1 grpo:1 task_retrieval:0 slea+edge:0 slea:2 grpo:2 task_retrieval:1 slea+edge:1"}
+kept_root=docs/learning/runs
 baseline=true
-for seed in $seeds; do
-  for preset in $presets; do
-    id="tw-${preset}-s${seed}"
-    if [ -f "runs/${id}/comparison-done" ] || [ -f "docs/learning/runs/${id}/comparison-done" ]; then
-      echo "learning_comparison: ${id} finished earlier, skipped"
-      baseline=false
-      continue
-    fi
-    rm -rf "runs/${id}"
-    started=$(date +%s)
-    .venv/bin/slea train configs/textworld-learning.yaml --set "run.id=${id}" --set "run.seed=${seed}" \
-      --set "run.preset=${preset}" --set "eval.before_training=${baseline}"
-    echo "learning_comparison: ${id} took $(( $(date +%s) - started )) s" | tee "runs/${id}/comparison-done"
-    mkdir -p "docs/learning/runs/${id}"
-    cp "runs/${id}/config.yaml" "runs/${id}/comparison-done" "docs/learning/runs/${id}/"
-    grep '"eval/' "runs/${id}/metrics.jsonl" > "docs/learning/runs/${id}/metrics.jsonl"
-    baseline=false
-  done
+[ -n "$(ls -A "${kept_root}" 2>/dev/null)" ] && baseline=false  # a kept run already holds the base model's evaluation
+for arm in ${arms}; do
+  preset=${arm%%:*}
+  seed=${arm##*:}
+  edge=false
+  if [[ ${preset} == *+edge ]]; then edge=true; preset=${preset%+edge}; fi
+  id="tw-${preset}$([ "${edge}" = true ] && echo -edge)-s${seed}"
+  if [ -f "${kept_root}/${id}/comparison-done" ]; then
+    echo "learning_comparison: ${id} is kept already, skipped"
+    continue
+  fi
+  rm -rf "runs/${id}"
+  started=$(date +%s)
+  .venv/bin/slea train "${config}" --set "run.id=${id}" --set "run.seed=${seed}" --set "run.preset=${preset}" \
+    --set "run.edge=${edge}" --set "eval.before_training=${baseline}"
+  echo "learning_comparison: ${id} took $(( $(date +%s) - started )) s on $(nproc) cores" | tee "runs/${id}/comparison-done"
+  mkdir -p "${kept_root}/${id}"
+  cp "runs/${id}/config.yaml" "runs/${id}/comparison-done" "${kept_root}/${id}/"
+  grep '"eval/' "runs/${id}/metrics.jsonl" > "${kept_root}/${id}/metrics.jsonl"
+  .venv/bin/python -c "import sys; from pathlib import Path; from driver.study import keep_episodes; \
+keep_episodes(Path(sys.argv[1]), Path(sys.argv[2]))" "runs/${id}" "${kept_root}/${id}"
+  baseline=false
 done
-runs=(docs/learning/runs/*/)
-.venv/bin/slea compare "${runs[@]}" --by-preset --out docs/learning/success.png
-.venv/bin/slea compare "${runs[@]}" --by-preset --key eval/sampled/no_library/success_rate \
-  --out docs/learning/success_no_library.png
-.venv/bin/slea compare "${runs[@]}" --by-preset --key eval/greedy/no_library/success_rate \
-  --out docs/learning/greedy_no_library.png
-.venv/bin/slea compare "${runs[@]}" --by-preset --key eval/sampled/no_library/invalid_action_rate \
-  --out docs/learning/invalid_actions.png
+.venv/bin/slea compare "${kept_root}"/*/ --by-preset --out-dir docs/learning | tee docs/learning/study.md

@@ -42,6 +42,7 @@ class EpisodeOutcome:
     success: bool  # won within the step budget
     invalid_steps: int  # unparsable or inadmissible actions
     injected_steps: int  # steps whose prompt carried at least one experience
+    total_reward: float  # the episode's summed step rewards (TextWorld's partial scores)
 
 
 @dataclass
@@ -188,6 +189,7 @@ async def play_panel(
             result.success,
             result.invalid_steps,
             injected,
+            result.total_reward,
         )
 
     try:

@@ -26,7 +26,7 @@ from slea.models import tiny_model
 
 
 def outcome(task, task_type, sample, steps, success, invalid=0, injected=0, decoding="sampled", library=False):
-    return EpisodeOutcome(task, task_type, decoding, library, sample, steps, success, invalid, injected)
+    return EpisodeOutcome(task, task_type, decoding, library, sample, steps, success, invalid, injected, float(success))
 
 
 def test_a_row_summarises_its_episodes_by_hand():

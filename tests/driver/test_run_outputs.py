@@ -106,26 +106,3 @@ def test_compare_tabulates_each_run_by_learner_step_and_plots_them(tmp_path):
         "| 5 | 0.300 | - |",
     ]
     assert_png(png)
-
-
-def test_compare_by_preset_averages_the_seeds_of_each_arm(tmp_path):
-    runs = (
-        ("s0", "slea", {0: 0.125, 6: 0.25}),
-        ("s1", "slea", {0: 0.0625, 6: 0.5}),
-        ("g0", "grpo", {0: 0.125, 6: 0.1875}),
-    )
-    for run_id, preset, rates in runs:
-        (tmp_path / run_id).mkdir()
-        (tmp_path / run_id / "config.yaml").write_text(f"run:\n  id: {run_id}\n  preset: {preset}\n")
-        with RunRecorder(tmp_path / run_id, plots=False) as recorder:
-            for step, rate in rates.items():
-                recorder.record(step, {"eval/success_rate": rate})
-    table, png = compare_runs([tmp_path / run_id for run_id, _, _ in runs], tmp_path / "arms.png", by_preset=True)
-    # slea at step 6: (0.25 + 0.5) / 2 = 0.375, range 0.25-0.5; at step 0: (0.125 + 0.0625) / 2 = 0.09375
-    assert table.splitlines() == [
-        "| learner step | slea | grpo |",
-        "|---|---|---|",
-        "| 0 | 0.094 (0.062-0.125, n=2) | 0.125 (0.125-0.125, n=1) |",
-        "| 6 | 0.375 (0.250-0.500, n=2) | 0.188 (0.188-0.188, n=1) |",
-    ]
-    assert_png(png)

@@ -1,0 +1,39 @@
+"""docs/learning.md cites only runs that are in the repository: each run it names under
+docs/learning/runs/ is committed there with what `slea compare --by-preset` reads."""
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+KEPT = ("config.yaml", "metrics.jsonl", "episodes.jsonl", "comparison-done")
+
+
+def cited_runs(text: str) -> set[str]:
+    """Run ids in `docs/learning/runs/<id>` paths (not placeholders such as <id> or a glob)."""
+    return {match for match in re.findall(r"docs/learning/runs/([A-Za-z0-9_.+-]+)", text)}
+
+
+def test_cited_runs_are_found_in_paths_not_in_placeholders():
+    text = "see docs/learning/runs/tw-slea-s0/ and docs/learning/runs/<id>/ and `docs/learning/runs/*/`"
+    assert cited_runs(text) == {"tw-slea-s0"}
+
+
+def test_every_run_the_learning_doc_cites_is_kept_in_the_repository():
+    kept = REPO / "docs" / "learning" / "runs"
+    for doc in (REPO / "docs" / "learning.md", REPO / "README.md"):
+        for run_id in cited_runs(doc.read_text()):
+            missing = [name for name in KEPT if not (kept / run_id / name).is_file()]
+            assert not missing, f"{doc.name} cites run {run_id}, but docs/learning/runs/{run_id}/ lacks {missing}"
+
+
+def test_the_kept_runs_are_not_ignored_by_git():
+    """.gitignore's runs/ once swallowed docs/learning/runs/: a fresh clone had no kept run."""
+    import subprocess
+
+    result = subprocess.run(
+        ["git", "check-ignore", "--no-index", "docs/learning/runs/tw-slea-s0/config.yaml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1, f"git ignores the kept runs: {result.stdout.strip()}"
