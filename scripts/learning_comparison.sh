@@ -18,13 +18,19 @@ config=${CONFIG:-configs/textworld-study.yaml}
 arms=${ARMS:-"slea:0 grpo:0 slea:1 grpo:1 task_retrieval:0 slea+edge:0 slea:2 grpo:2 task_retrieval:1 slea+edge:1"}
 kept_root=docs/learning/runs
 baseline=true
-[ -n "$(ls -A "${kept_root}" 2>/dev/null)" ] && baseline=false  # a kept run already holds the base model's evaluation
+if [ -n "$(ls -A "${kept_root}" 2>/dev/null)" ]; then
+  baseline=false  # a kept run already holds the base model's evaluation
+fi
 for arm in ${arms}; do
   preset=${arm%%:*}
   seed=${arm##*:}
   edge=false
-  if [[ ${preset} == *+edge ]]; then edge=true; preset=${preset%+edge}; fi
-  id="tw-${preset}$([ "${edge}" = true ] && echo -edge)-s${seed}"
+  id="tw-${preset}-s${seed}"
+  if [[ ${preset} == *+edge ]]; then
+    edge=true
+    preset=${preset%+edge}
+    id="tw-${preset}-edge-s${seed}"
+  fi
   if [ -f "${kept_root}/${id}/comparison-done" ]; then
     echo "learning_comparison: ${id} is kept already, skipped"
     continue
