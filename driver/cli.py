@@ -81,6 +81,15 @@ def _print_result(result: dict, as_json: bool) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.resume_existing:
+        if args.resume:
+            raise ConfigError("--resume and --resume-existing exclude each other: --resume names the run directory")
+        if args.config is None:
+            raise ConfigError("--resume-existing needs the run config that names run.dir and run.id")
+        args.resume = existing_run(load_config(args.config, [*args.overrides, *_plugin_overrides(args)]))
+        if args.resume is not None:
+            args.config = None  # the run's own resolved config, as --resume reads it
+            print(f"slea train: {args.resume} exists: continuing that run", file=sys.stderr)
     if args.resume and args.config is None:
         args.config = str(Path(args.resume) / "config.yaml")  # the run's own resolved config
     if args.config is None:  # the built-in defaults are the paper's GPU-scale run: never start them by accident
@@ -98,6 +107,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ComponentFailed as exc:  # a learner or library writer died past run.max_failures
         print(f"slea: {exc}", file=sys.stderr)
         return 1
+
+
+def existing_run(config) -> str | None:
+    """The directory of `config`'s run when an earlier attempt left it (its resolved config is there), else None."""
+    run_dir = Path(config.run.dir) / config.run.id
+    return str(run_dir) if (run_dir / "config.yaml").is_file() else None
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
@@ -281,6 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="run training from a config (actors, learner, library)")
     _config_args(train)
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its directory")
+    train.add_argument(
+        "--resume-existing",
+        action="store_true",
+        help="start the run, or continue it when <run.dir>/<run.id> already holds it (a retried job: "
+        "the RayJob's entrypoint)",
+    )
     _plugin_arg(train, PLUGIN_HELP + _PLUGIN_IN_CONFIG + "; select it with --set envs.name=NAME")
     train.set_defaults(func=cmd_train)
 

@@ -22,6 +22,7 @@ import signal
 from collections.abc import Callable
 
 import ray
+import redis
 from rich.console import Console
 from rich.live import Live
 
@@ -30,7 +31,7 @@ from slea.channels import RAY_NAMESPACE
 from slea.config import ConfigError, SleaConfig, check_trainable
 from slea.redis_conn import connect, with_reconnect
 from slea.services import STREAM_GROUPS, prepare_run_dir, redis_for_run, sigterm_as_interrupt
-from slea.stream_admin import group_stats, trim_acknowledged
+from slea.stream_admin import expire_run, group_stats, keep_run, trim_acknowledged
 from slea.streams import ensure_group
 
 POLL_S = 2.0
@@ -95,6 +96,7 @@ def train(config: SleaConfig, resume_dir: str | None = None) -> int:
         raise KeyboardInterrupt
 
     previous_handler = signal.signal(signal.SIGINT, on_sigint)
+    shared_redis = config.redis.url is not None
     try:
         with sigterm_as_interrupt(), contextlib.ExitStack() as services:
             with console.phase(
@@ -103,9 +105,32 @@ def train(config: SleaConfig, resume_dir: str | None = None) -> int:
                 else "connecting to Redis"
             ):
                 config.redis.url = services.enter_context(redis_for_run(config, run_dir))
+            if shared_redis and config.redis.retention_s is not None:
+                services.enter_context(_retained(config, console))
             return _run(config, run_dir, console, resumed=resume_dir is not None)
     finally:
         signal.signal(signal.SIGINT, previous_handler)
+
+
+@contextlib.contextmanager
+def _retained(config: SleaConfig, console: RunConsole):
+    """A shared Redis keeps the run's keys while it runs (a resumed run's stop expiring) and for
+    `redis.retention_s` after it ends, however it ends; then they expire (deploy/README.md)."""
+    client = connect(config.redis)
+    try:
+        keep_run(client, config.run.id)
+        yield
+    finally:
+        days = config.redis.retention_s / 86400
+        try:
+            expired = expire_run(client, config.run.id, config.redis.retention_s)
+            console.note(
+                f"Redis keeps this run's {expired} keys for {days:g} days (redis.retention_s), then drops them"
+            )
+        except redis.RedisError as exc:  # Redis gone at the very end: the keys stay until a resume or by hand
+            console.note(f"[yellow]could not set this run's keys to expire in Redis ({exc}); they stay[/]")
+        finally:
+            client.close()
 
 
 def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False) -> int:

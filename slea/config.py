@@ -98,6 +98,13 @@ class RedisConfig(_Section):
     )
     max_lag: int = Field(20_000, ge=1, description="Learner lag (entries) above which actors throttle.")
     reconnect_max_s: float = Field(30.0, gt=0, description="Give up reconnecting after this long without Redis.")
+    retention_s: int | None = Field(
+        7 * 24 * 3600,
+        gt=0,
+        description="In a configured (shared) Redis, a run's keys expire this long after it ends (finished, stopped "
+        "or failed); resuming it within that time keeps them. null keeps them forever. The embedded Redis "
+        "lives in the run directory and is not affected.",
+    )
     socket_timeout_s: float = Field(
         10.0, gt=0, description="Socket timeout for Redis commands (blocking reads add block_ms)."
     )

@@ -1,4 +1,5 @@
-"""Stream housekeeping: per-group lag and pending counts, and trimming that never loses data.
+"""Stream housekeeping: per-group lag and pending counts, trimming that never loses data, and a
+finished run's keys expiring from a shared Redis.
 
 Redis 7 has no "trim what every group acknowledged" (XTRIM ... ACKED is Redis 8.2), so the
 safe MINID is computed from XINFO GROUPS and XPENDING: for each group, the oldest entry it
@@ -82,3 +83,35 @@ def trim_acknowledged(client: redis.Redis, stream: str, required_groups: list[st
     metric("stream_trimmed_total").labels(stream=stream).inc(removed)
     metric("stream_length").labels(stream=stream).set(client.xlen(stream))
     return removed
+
+
+def _run_pattern(run_id: str) -> str:
+    """SCAN pattern of every key of the run (slea:<run id>:...), with glob characters in the id escaped."""
+    escaped = "".join(f"\\{char}" if char in "*?[]\\" else char for char in run_id)
+    return f"slea:{escaped}:*"
+
+
+def run_keys(client: redis.Redis, run_id: str) -> list[bytes]:
+    """Every key of the run: its stream, dead letters, library state, version record, in-flight hashes."""
+    return list(client.scan_iter(match=_run_pattern(run_id), count=1000))
+
+
+def expire_run(client: redis.Redis, run_id: str, seconds: int) -> int:
+    """Let the run's keys expire `seconds` from now (a shared Redis with `noeviction` never drops them
+    otherwise); returns how many. A resumed run calls keep_run and they stay."""
+    keys = run_keys(client, run_id)
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.expire(key, seconds)
+    pipe.execute()
+    return len(keys)
+
+
+def keep_run(client: redis.Redis, run_id: str) -> int:
+    """Take back expire_run: the run goes on (resumed within its retention period); returns how many keys."""
+    keys = run_keys(client, run_id)
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.persist(key)
+    pipe.execute()
+    return len(keys)

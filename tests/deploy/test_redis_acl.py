@@ -24,7 +24,7 @@ from slea.config import RedisConfig
 from slea.ports import free_port
 from slea.records import StepRecord
 from slea.redis_conn import connect
-from slea.stream_admin import group_stats, trim_acknowledged
+from slea.stream_admin import expire_run, group_stats, keep_run, trim_acknowledged
 from slea.streams import PAYLOAD_FIELD, StreamConsumer, StreamProducer
 
 SECRET_DIR, CONFIG_DIR, ACL_DIR = "/etc/slea-redis/secret", "/etc/slea-redis/config", "/run/slea-redis"
@@ -154,14 +154,16 @@ def test_the_system_user_does_what_the_system_does(shipped_redis):
     # the learner's version record (learner/weights.py) and the new-run check (slea/services.py)
     client.set(policy_version_key("cluster"), 7)
     assert client.get(policy_version_key("cluster")) == b"7" and client.exists(stream)
+    # the run's retention (driver/train.py _retained): its keys expire after it ends, a resume keeps them
+    assert keep_run(client, "cluster") == expire_run(client, "cluster", 3600) >= 5
 
 
 def test_the_system_user_reaches_the_keys_of_a_submitted_run(shipped_redis):
-    """Each RayJob submission has its own run id (cluster-<UTC time>): the ACL must let the system
-    use that run's keys, not only those of configs/cluster.yaml's `cluster`."""
+    """A submission's run id is its pods' slea.io/run label, cluster-<anything> for a new run
+    (deploy/README.md): the ACL must let the system use that run's keys, not only `cluster`'s."""
     rayjob = find(kustomize(K8S / "overlays" / "gpu"), "RayJob")
-    run_id = entrypoint_config(rayjob)[0].run.id
-    assert run_id != "cluster"
+    assert entrypoint_config(rayjob)[0].run.id == "cluster"
+    run_id = "cluster-exp2"
     client = connect(shipped_redis["system"])
     StreamProducer(client, f"slea:{run_id}:steps").send(
         [StepRecord(run_id, "t", "pick", "alfworld", "g", "e", 0, "obs")]

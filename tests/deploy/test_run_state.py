@@ -1,13 +1,21 @@
 """Run state outlives pods: run.dir is on the ReadWriteMany claim slea-runs, mounted by every Ray
 pod that writes run state; scratch space has ephemeral-storage requests and limits; every
-submission of the RayJob gets a run id of its own, which the Redis ACL lets the system use."""
+retry of the RayJob resumes the same run, whose id the Redis ACL lets the system use."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from k8s_render import OVERLAYS, REPO, entrypoint_argv, entrypoint_config, find, pods, ray_cluster_specs, ray_pod_groups
+from k8s_render import (
+    OVERLAYS,
+    REPO,
+    entrypoint_argv,
+    entrypoint_config,
+    find,
+    head_environment,
+    pods,
+    ray_cluster_specs,
+    ray_pod_groups,
+)
 
 from slea.config import RunConfig
 
@@ -67,17 +75,56 @@ def test_scratch_space_has_ephemeral_storage_requests_and_limits(rendered, overl
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_each_submission_gets_its_own_run_id(rendered, overlay):
-    entrypoint = find(rendered[overlay], "RayJob")["spec"]["entrypoint"]
-    ids = []
-    for _ in range(2):
-        argv = entrypoint_argv(entrypoint)
-        ids.append(next(value.split("=", 1)[1] for value in argv if value.startswith("run.id=")))
-        time.sleep(1.1)  # the id has one-second resolution; one RayJob submission at a time
-    assert ids[0] != ids[1], "two submissions would share a run id (and silently append to one stream)"
-    for run_id in ids:
-        RunConfig(id=run_id)  # a valid run id: no spaces, ':' or slashes
-        assert run_id.startswith("cluster"), "the Redis ACL lets the system use slea:cluster* keys only"
+def test_a_retry_resumes_the_same_run(rendered, overlay):
+    """backoffLimit retries a failed attempt on a new Ray cluster; its entrypoint must name the same
+    run (the pods' slea.io/run label, not the time of the attempt) and resume its directory."""
+    rayjob = find(rendered[overlay], "RayJob")
+    assert rayjob["spec"]["backoffLimit"] >= 1, "a failed attempt must be retried"
+    attempts = [entrypoint_argv(rayjob["spec"]["entrypoint"], head_environment(rayjob)) for _ in range(2)]
+    assert attempts[0] == attempts[1], "two attempts of one submission must run the same command"
+    assert "--resume-existing" in attempts[0], "a retry must continue the run the failed attempt left"
+    run_id = entrypoint_config(rayjob)[0].run.id
+    RunConfig(id=run_id)  # a valid run id: no spaces, ':' or slashes
+    assert run_id.startswith("cluster"), "the Redis ACL lets the system use slea:cluster* keys only"
+    for where, cluster in ray_cluster_specs(rendered[overlay]).items():
+        if where.startswith("RayJob"):
+            for name, group in ray_pod_groups(cluster).items():
+                assert group["template"]["metadata"]["labels"]["slea.io/run"] == run_id, f"{where} {name}"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_pods_and_their_gpus_go_within_a_minute_of_the_end(rendered, overlay):
+    spec = find(rendered[overlay], "RayJob")["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True and spec["ttlSecondsAfterFinished"] <= 60
+
+
+VOLUME_REATTACH_S = 360  # Kubernetes' attach-detach controller force-detaches a lost node's volume after 6 minutes
+AOF_REPLAY_BYTES_PER_S = 50e6  # a conservative AOF load rate
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_components_wait_out_a_rescheduled_redis_and_its_aof_replay(rendered, overlay):
+    config, _ = entrypoint_config(find(rendered[overlay], "RayJob"))
+    redis_pod = next(doc for doc in rendered[overlay] if doc["kind"] == "StatefulSet")["spec"]["template"]["spec"]
+    args = redis_pod["containers"][0]["args"]
+    maxmemory = args[args.index("--maxmemory") + 1]
+    units = {"gb": 1e9, "mb": 1e6}
+    assert maxmemory[-2:] in units, f"maxmemory {maxmemory}: the test reads gb or mb"
+    replay_s = float(maxmemory[:-2]) * units[maxmemory[-2:]] / AOF_REPLAY_BYTES_PER_S
+    assert config.redis.reconnect_max_s >= VOLUME_REATTACH_S + replay_s
+    assert config.redis.retention_s is not None, "finished runs would fill a noeviction Redis"
+
+
+def test_resume_existing_continues_a_run_whose_directory_exists(tmp_path):
+    """What the entrypoint decides on a retry: a new run the first time, that run's directory after."""
+    from driver.cli import existing_run
+    from slea.config import load_config
+    from slea.services import prepare_run_dir
+
+    config = load_config(None, [f"run.dir={tmp_path}", "run.id=cluster-a"])
+    assert existing_run(config) is None
+    prepare_run_dir(config)
+    assert existing_run(config) == str(tmp_path / "cluster-a")
 
 
 def test_the_readme_says_how_to_resume_a_run_by_id():

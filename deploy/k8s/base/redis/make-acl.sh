@@ -4,7 +4,7 @@
 # an environment variable or in a manifest; the ACL file holds SHA-256 hashes only.
 #   sh make-acl.sh SECRET_DIR OUT_DIR TEMPLATE
 # Users (users.acl.template): `default` off; `slea`, the system, limited to the run's keys
-# (slea:cluster*: run ids cluster-<UTC time> from the RayJob, configs/cluster.yaml's `cluster`)
+# (slea:cluster*: the run ids the RayJob takes from its pods' slea.io/run label, `cluster` as shipped)
 # and the commands it sends; `exporter`
 # (prometheus-redis-exporter) limited to INFO and friends, no keys.
 set -eu
