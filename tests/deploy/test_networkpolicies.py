@@ -1,15 +1,18 @@
 """The shipped NetworkPolicies, evaluated: every flow the system needs is allowed and the ones a
 security review forbids are denied. A small evaluator of Kubernetes NetworkPolicy semantics
 (label selectors, namespace selectors, ports, the union of policies, ingress AND egress) runs over
-the pods the overlays start plus the outside pods they talk to; no cluster needed. The test
-proves the policies, not a CNI; it uses numbered ports only, as the shipped policies do."""
+the pods the overlays start plus the outside pods and addresses they talk to; no cluster needed.
+The test proves the policies, not a CNI. A peer or port form the evaluator does not model (named
+ports, endPort, an ipBlock with except) raises instead of being read as something else."""
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
 import pytest
-from k8s_render import OVERLAYS
+import yaml
+from k8s_render import K8S, OVERLAYS
 from test_pod_security import pods
 
 NAMESPACE = "ml"
@@ -23,6 +26,7 @@ class Pod:
     namespace: str  # its namespace
     labels: dict = field(hash=False)  # its labels
     namespace_labels: dict = field(hash=False, default_factory=dict)  # labels of its namespace
+    ip: str | None = None  # an address outside the pod network (the API server, the internet): ipBlock peers
 
 
 def _matches(selector: dict | None, labels: dict) -> bool:
@@ -43,7 +47,24 @@ def _matches(selector: dict | None, labels: dict) -> bool:
     return True
 
 
+class Unmodelled(ValueError):
+    """A NetworkPolicy form this evaluator does not model: reading it as another would prove nothing."""
+
+
+PEER_KEYS = {"podSelector", "namespaceSelector", "ipBlock"}
+PORT_KEYS = {"port", "protocol"}
+
+
 def _peer_matches(peer: dict, pod: Pod) -> bool:
+    if set(peer) - PEER_KEYS:
+        raise Unmodelled(f"peer keys {sorted(set(peer) - PEER_KEYS)}")
+    if "ipBlock" in peer:
+        if set(peer) != {"ipBlock"} or set(peer["ipBlock"]) != {"cidr"}:
+            raise Unmodelled(f"ipBlock with {peer} (only a lone ipBlock with a cidr is modelled)")
+        # ipBlock is for addresses outside the cluster's pods; pods (ip None) never match it here
+        return pod.ip is not None and ipaddress.ip_address(pod.ip) in ipaddress.ip_network(peer["ipBlock"]["cidr"])
+    if pod.ip is not None:  # an outside address: selectors select pods only
+        return False
     if "namespaceSelector" in peer:
         if not _matches(peer["namespaceSelector"], pod.namespace_labels):
             return False
@@ -52,9 +73,15 @@ def _peer_matches(peer: dict, pod: Pod) -> bool:
     return _matches(peer.get("podSelector"), pod.labels)
 
 
+def _port_matches(rule_port: dict, port: int, protocol: str) -> bool:
+    if set(rule_port) - PORT_KEYS or not isinstance(rule_port.get("port"), int):
+        raise Unmodelled(f"port {rule_port} (only a numbered port with its protocol is modelled)")
+    return rule_port["port"] == port and rule_port.get("protocol", "TCP") == protocol
+
+
 def _rule_allows(rule: dict, peers_key: str, peer: Pod, port: int, protocol: str) -> bool:
     ports = rule.get("ports")
-    if ports and not any(p.get("port") == port and p.get("protocol", "TCP") == protocol for p in ports):
+    if ports and not any(_port_matches(p, port, protocol) for p in ports):
         return False
     peers = rule.get(peers_key)
     return not peers or any(_peer_matches(p, peer) for p in peers)
@@ -80,7 +107,14 @@ def allowed(policies: list[dict], source: Pod, destination: Pod, port: int, prot
     return side(destination, "Ingress", source, "from") and side(source, "Egress", destination, "to")
 
 
-def _world(manifests: list[dict]) -> dict[str, Pod]:
+def api_server_address(overlay: str) -> str:
+    """An address inside the overlay's apiServerCIDR (cluster-network.yaml): where its API server is."""
+    data = yaml.safe_load((K8S / "overlays" / overlay / "cluster-network.yaml").read_text())["data"]
+    network = ipaddress.ip_network(data["apiServerCIDR"])
+    return str(next(iter(network.hosts()), network.network_address))
+
+
+def _world(manifests: list[dict], overlay: str = "gpu") -> dict[str, Pod]:
     ns = {"kubernetes.io/metadata.name": NAMESPACE}
     world = {where: Pod(where, NAMESPACE, spec_labels, ns) for where, spec_labels in _pod_labels(manifests).items()}
     world.update(
@@ -90,6 +124,12 @@ def _world(manifests: list[dict]) -> dict[str, Pod]:
                 "kuberay-system",
                 {"app.kubernetes.io/name": "kuberay-operator"},
                 {"kubernetes.io/metadata.name": "kuberay-system"},
+            ),
+            "operator-lookalike": Pod(  # the operator's label on a pod in another namespace
+                "operator-lookalike",
+                "team-b",
+                {"app.kubernetes.io/name": "kuberay-operator"},
+                {"kubernetes.io/metadata.name": "team-b"},
             ),
             "prometheus": Pod(
                 "prometheus",
@@ -101,7 +141,8 @@ def _world(manifests: list[dict]) -> dict[str, Pod]:
             "client": Pod("client", NAMESPACE, {"slea.io/library-client": "true"}, ns),
             "stranger": Pod("stranger", NAMESPACE, {"app": "something-else"}, ns),
             "other-namespace": Pod("other-namespace", "team-b", {}, {"kubernetes.io/metadata.name": "team-b"}),
-            "api-server": Pod("api-server", "default", {}, {"kubernetes.io/metadata.name": "default"}),
+            "api-server": Pod("api-server", "", {}, {}, ip=api_server_address(overlay)),
+            "internet": Pod("internet", "", {}, {}, ip="93.184.216.34"),
         }
     )
     return world
@@ -172,13 +213,17 @@ FORBIDDEN = [  # (from, to, port): what a security review forbids
     (f"{TRAIN}/actors", "api-server", 443),
     (f"{TRAIN}/actors", "other-namespace", 8080),
     (f"{TRAIN}/submitter", REDIS, 6379),
+    (f"{TRAIN}/head", "internet", 443),  # the autoscaler's egress is the API server's, not any address on 443
+    (f"{LIBRARY}/head", "internet", 6443),
+    ("operator-lookalike", f"{TRAIN}/head", 8265),
+    ("operator-lookalike", f"{LIBRARY}/head", 52365),
 ]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_system_s_flows_are_allowed(rendered, overlay):
     policies = [doc for doc in rendered[overlay] if doc["kind"] == "NetworkPolicy"]
-    world = _world(rendered[overlay])
+    world = _world(rendered[overlay], overlay)
     blocked = [
         (a, b, port)
         for a, b, port in NEEDED
@@ -190,7 +235,7 @@ def test_the_system_s_flows_are_allowed(rendered, overlay):
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_everything_else_is_denied(rendered, overlay):
     policies = [doc for doc in rendered[overlay] if doc["kind"] == "NetworkPolicy"]
-    world = _world(rendered[overlay])
+    world = _world(rendered[overlay], overlay)
     open_flows = [(a, b, port) for a, b, port in FORBIDDEN if allowed(policies, world[a], world[b], port)]
     assert not open_flows, f"flows the NetworkPolicies must deny: {open_flows}"
 
@@ -207,3 +252,28 @@ def test_without_policies_everything_is_open(rendered):
     """The evaluator itself: no policy, no denial (so a FORBIDDEN flow passing above means the policies)."""
     world = _world(rendered["gpu"])
     assert all(allowed([], world[a], world[b], port) for a, b, port in FORBIDDEN)
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        {"ports": [{"protocol": "TCP", "port": "serve"}]},  # a named port
+        {"ports": [{"protocol": "TCP", "port": 8000, "endPort": 8010}]},
+        {"to": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}]},
+        {"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}]},
+        {"to": [{"serviceSelector": {}}]},
+    ],
+)
+def test_the_evaluator_refuses_a_form_it_does_not_model(rendered, form):
+    policy = {"spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [form]}}
+    world = _world(rendered["gpu"])
+    with pytest.raises(Unmodelled):
+        allowed([policy], world[f"{TRAIN}/head"], world["internet"], 8000)
+
+
+def test_the_base_s_api_server_placeholder_never_reaches_a_cluster(rendered):
+    for overlay, manifests in rendered.items():
+        (policy,) = [doc for doc in manifests if doc["metadata"]["name"] == "slea-head-kube-api"]
+        cidr = policy["spec"]["egress"][0]["to"][0]["ipBlock"]["cidr"]
+        ipaddress.ip_network(cidr)  # a real CIDR, not the base's API_SERVER_CIDR
+        assert ipaddress.ip_address(api_server_address(overlay)) in ipaddress.ip_network(cidr), overlay
