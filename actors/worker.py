@@ -34,6 +34,7 @@ from monitoring.metrics import metric
 from slea.channels import inflight_key, sync_claims_key
 from slea.config import SleaConfig
 from slea.records import StepRecord
+from slea.redis_conn import with_reconnect
 from slea.stream_admin import group_stats
 from slea.streams import StreamProducer
 
@@ -193,7 +194,11 @@ class ActorWorker:
             "group_id": spec.group_id,
             "episode_id": spec.episode_id,
         }
-        self.client.hset(self._inflight_key, spec.episode_id, msgpack.packb(fields))
+        self._write(lambda: self.client.hset(self._inflight_key, spec.episode_id, msgpack.packb(fields)))
+
+    def _write(self, call) -> None:
+        """A write of the worker's in-flight list: rides out a Redis restart; a full Redis says so."""
+        with_reconnect(call, max_wait_s=self.config.redis.reconnect_max_s, what="the actor's in-flight episode list")
 
     # -- the run loop -----------------------------------------------------------------------------
 
@@ -266,7 +271,7 @@ class ActorWorker:
             finally:
                 self._envs.append(env)
         self._flush()  # the episode's last step is in the stream before it leaves the in-flight list
-        self.client.hdel(self._inflight_key, spec.episode_id)
+        self._write(lambda: self.client.hdel(self._inflight_key, spec.episode_id))
         self._count(result)
         return result
 

@@ -110,7 +110,9 @@ class VersionRecord:
         return -1 if value is None else int(value)
 
     def record(self, version: int) -> None:
-        with_reconnect(lambda: self.client.set(self.key, version), max_wait_s=self.reconnect_max_s)
+        with_reconnect(
+            lambda: self.client.set(self.key, version), max_wait_s=self.reconnect_max_s, what="the policy version record"
+        )
 
 
 @ray.remote(num_cpus=0)

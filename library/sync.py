@@ -50,7 +50,7 @@ class Publisher:
         self._first_since_snapshot: str | None = None  # oldest delta replicas may still need
 
     def _retry(self, call):
-        return with_reconnect(call, max_wait_s=self.reconnect_max_s)
+        return with_reconnect(call, max_wait_s=self.reconnect_max_s, what="the library's deltas or snapshot")
 
     def start(self, text: str) -> None:
         """Begin an epoch from the writer's restored (or empty) state: old deltas go, the snapshot

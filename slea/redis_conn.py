@@ -63,8 +63,15 @@ class RedisBackpressure(RuntimeError):
     behind and the stream cannot be trimmed. Retrying does not help; freeing the consumer does."""
 
 
-def with_reconnect(call: Callable[[], T], *, max_wait_s: float, on_retry: Callable[[], None] = lambda: None) -> T:
-    """Run `call`, retrying on connection errors with capped exponential backoff.
+def with_reconnect(
+    call: Callable[[], T],
+    *,
+    max_wait_s: float,
+    on_retry: Callable[[], None] = lambda: None,
+    what: str = "a write",
+) -> T:
+    """Run `call`, retrying on connection errors with capped exponential backoff; a write Redis
+    refuses for being full raises RedisBackpressure naming `what` (retrying would not help).
 
     redis-py reconnects lazily on the next command, so retrying the call is the reconnect.
     A call that half-succeeded before the connection broke (a pipelined XADD batch) may be
@@ -75,6 +82,12 @@ def with_reconnect(call: Callable[[], T], *, max_wait_s: float, on_retry: Callab
     while True:
         try:
             return call()
+        except redis.exceptions.OutOfMemoryError as exc:  # Redis's "OOM command not allowed ..." reply
+            raise RedisBackpressure(
+                f"Redis is full (maxmemory reached, policy noeviction) and refused {what}: a consumer group is "
+                f"behind, so the stream cannot be trimmed. Check the consumers (runbook: SleaRedisMemoryNearLimit, "
+                f"SleaConsumerStalled). ({exc})"
+            ) from None
         except TRANSIENT_ERRORS as exc:
             if time.monotonic() + delay > deadline:
                 raise RedisUnavailable(f"Redis unreachable for {max_wait_s:.0f}s: {exc}") from exc

@@ -122,7 +122,9 @@ class StreamConsumer:
         self._retry(lambda: ensure_group(client, stream, group))
 
     def _retry(self, call):
-        return with_reconnect(call, max_wait_s=self.reconnect_max_s, on_retry=self._on_reconnect)
+        return with_reconnect(
+            call, max_wait_s=self.reconnect_max_s, on_retry=self._on_reconnect, what=f"a dead letter from {self.stream}"
+        )
 
     def _on_reconnect(self) -> None:
         self._reconnects.inc()
