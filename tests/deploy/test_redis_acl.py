@@ -7,6 +7,8 @@ its own limited user."""
 
 from __future__ import annotations
 
+import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -14,7 +16,7 @@ import urllib.request
 
 import pytest
 import redis
-from k8s_render import K8S, entrypoint_config, find, kustomize
+from k8s_render import K8S, REPO, entrypoint_config, find, kustomize
 from prometheus_client.parser import text_string_to_metric_families
 from required_tools import redis_exporter
 
@@ -170,6 +172,26 @@ def test_the_system_user_reaches_the_keys_of_a_submitted_run(shipped_redis):
     )
     client.set(epoch_key(run_id), b"1")
     assert client.xlen(f"slea:{run_id}:steps") == 1 and client.get(epoch_key(run_id)) == b"1"
+
+
+def runbook_redis_commands() -> list[str]:
+    """Every `redis-cli --user slea --askpass <command>` the runbook tells an operator to run."""
+    runbook = (REPO / "docs" / "runbook.md").read_text()
+    return re.findall(r"`redis-cli --user slea --askpass ([^`]+)`", runbook)
+
+
+def test_the_runbook_tells_operators_to_talk_to_redis_as_the_slea_user():
+    text = (REPO / "docs" / "runbook.md").read_text()
+    assert runbook_redis_commands(), "the runbook has no Redis command: this test would check nothing"
+    assert text.count("redis-cli") == len(runbook_redis_commands()), "every redis-cli line uses the slea user"
+
+
+@pytest.mark.parametrize("command", runbook_redis_commands())
+def test_every_runbook_redis_command_works_as_the_slea_user(shipped_redis, command):
+    """As the runbook gives it, for the run `cluster`: the ACL must let it through (XREVRANGE once got NOPERM)."""
+    client = connect(shipped_redis["system"])
+    client.xadd("slea:cluster:dead", {"reason": "malformed: test", "payload": b"x"})
+    client.execute_command(*shlex.split(command.replace("<run>", "cluster")))
 
 
 @pytest.mark.parametrize(
