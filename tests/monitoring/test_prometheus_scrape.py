@@ -168,6 +168,46 @@ def test_prometheus_scrapes_ray_metrics_under_slea_names(prometheus, redis_url, 
         component.wait()
 
 
+@pytest.mark.slow
+def test_the_serve_alerts_see_the_actors_handle_traffic(prometheus, tmp_path):
+    """The actors call the library app through the Serve handle, not HTTP: the replicas' counters the
+    Serve alerts read must count those calls, and the error share the alert computes must leave out
+    LibraryNotPublished (metrics_component.HANDLE_CALLS, each round: 4 answered, 3 unpublished,
+    2 broken -> 2 of 9 fail)."""
+    rules = yaml.safe_load((SHIPPED.parent / "rules.yaml").read_text())
+    (alert,) = [
+        rule for group in rules["groups"] for rule in group["rules"] if rule.get("alert") == "SleaServeErrorRate"
+    ]
+    handle_share = alert["expr"].split("\n          or\n")[0].strip()  # the replicas' branch, "> 0.05" included
+    assert handle_share.endswith("> 0.05") and "ray_serve_deployment_error_counter_total" in handle_share
+    port = free_port()
+    component = start_component("serve", "-", "-", port, tmp_path)
+    try:
+        api = prometheus([f"127.0.0.1:{port}"])
+        wait_for(
+            lambda: query(api, 'ray_serve_deployment_request_counter_total{application="slea-library"}'),
+            90,
+            "the replicas' request counter",
+        )
+        errors = wait_for(
+            lambda: query(
+                api, 'sum by (exception_type) (ray_serve_deployment_error_counter_total{application="slea-library"})'
+            ),
+            30,
+            "the replicas' error counter",
+        )
+        assert {sample["metric"]["exception_type"] for sample in errors} == {"LibraryNotPublished", "RuntimeError"}
+        assert query(api, 'ray_serve_deployment_processing_latency_ms_bucket{application="slea-library"}')
+        # the alert's own expression, over the last 30 s of rounds: 2 of every 9 calls failed
+        over_30s = handle_share.replace("[5m]", "[30s]")
+        share = wait_for(lambda: query(api, over_30s.rsplit(">", 1)[0]), 60, "the alert's error share")
+        assert float(share[0]["value"][1]) == pytest.approx(2 / 9, rel=0.15)
+        assert query(api, over_30s), "over 5%: the alert's condition holds"
+    finally:
+        component.kill()
+        component.wait()
+
+
 def test_prometheus_scrapes_the_redis_exporter_and_the_memory_alert_goes_pending(prometheus, tmp_path):
     """The real prometheus-redis-exporter (Debian package) in front of a Redis with maxmemory, scraped
     by the shipped slea-redis job: filled past 80%, SleaRedisMemoryNearLimit's expression holds and
