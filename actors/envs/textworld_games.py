@@ -46,6 +46,7 @@ from textworld.generator.game import Game, GameOptions
 from actors.envs.base import EnvObservation, EnvTask, ResetOutcome, StepOutcome, TextEnv
 from actors.envs.registry import register_env
 from actors.envs.textworld_folder import DEFAULT_HELD_OUT_FRACTION, GamesFolder
+from slea.cache_dirs import runtime_cache_dir
 
 NOTHING_HAPPENS = "Nothing happens."
 # Commands that only show something: Inform's look, examine and inventory change no fact of the world.
@@ -82,9 +83,8 @@ _REQUEST_INFOS = textworld.EnvInfos(
 
 
 def cache_dir() -> Path:
-    """Compiled games; SLEA_CACHE_DIR overrides ~/.cache/slea-rl. Versioned: another TextWorld makes other games."""
-    root = os.environ.get("SLEA_CACHE_DIR") or Path.home() / ".cache" / "slea-rl"
-    return Path(root) / "envs" / "textworld" / f"textworld-{textworld.__version__}"
+    """Compiled games, in the run-time cache (slea/cache_dirs.py). Versioned: another TextWorld makes other games."""
+    return runtime_cache_dir() / "envs" / "textworld" / f"textworld-{textworld.__version__}"
 
 
 def _settings_tag(settings: dict[str, Any]) -> str:

@@ -127,7 +127,8 @@ SOURCE_DIRS = ("slea/", "actors/", "learner/", "library/", "monitoring/")
 def test_dependencies_and_model_come_before_the_source(flavour):
     """Layers from what changes least to what changes most: a code change must rebuild only the
     source layers at the end, never the dependency install or the model bake. Before the source
-    only constraints.txt, pyproject.toml and the model converter (slea/models.py) are copied."""
+    only constraints.txt, pyproject.toml and the model converter (slea/models.py and the cache
+    location it reads, slea/cache_dirs.py) are copied."""
     steps = instructions(DOCKERFILES[flavour])
     copies = [(i, rest.split()[-2]) for i, (name, rest) in enumerate(steps) if name == "COPY"]
     first_source = min(i for i, source in copies if source in SOURCE_DIRS)
@@ -142,7 +143,7 @@ def test_dependencies_and_model_come_before_the_source(flavour):
         for source in rest[1].split()[:-1]
         if not source.startswith("--")
     }
-    assert early == {"constraints.txt", "pyproject.toml", "slea/models.py"}, early
+    assert early == {"constraints.txt", "pyproject.toml", "slea/models.py", "slea/cache_dirs.py"}, early
     assert "tomllib" in runs[dependencies], "dependencies are read from pyproject.toml, the source is not there yet"
     late = [rest for i, rest in runs.items() if i > first_source]
     assert late == ["pip install --no-cache-dir -c constraints.txt --no-deps ."], (
@@ -175,7 +176,9 @@ def test_dockerignore_leaves_out_every_virtualenv(path):
     assert _ignored(path), f"{path} would be sent into the image build"
 
 
-@pytest.mark.parametrize("path", ["constraints.txt", "pyproject.toml", "slea/models.py", "configs/cluster.yaml"])
+@pytest.mark.parametrize(
+    "path", ["constraints.txt", "pyproject.toml", "slea/models.py", "slea/cache_dirs.py", "configs/cluster.yaml"]
+)
 def test_dockerignore_keeps_what_the_images_copy(path):
     assert not _ignored(path)
 
@@ -191,7 +194,9 @@ def test_image_layout_matches_the_manifests(flavour):
     uid = build_args(DOCKERFILES[flavour])["SLEA_UID"]
     assert set(re.findall(r"runAsUser: (\d+)", manifests)) == {uid}
     env = " ".join(rest for name, rest in steps if name == "ENV")
-    assert "SLEA_CACHE_DIR=" in env and "SLEA_CACHE_DIR" in (REPO / "slea/models.py").read_text()
+    cache_dirs = (REPO / "slea/cache_dirs.py").read_text()
+    assert "SLEA_CACHE_DIR=" in env and "SLEA_CACHE_DIR" in cache_dirs
+    assert "SLEA_RUNTIME_CACHE_DIR=/tmp/" in env and "SLEA_RUNTIME_CACHE_DIR" in cache_dirs
     assert "HF_HUB_OFFLINE=1" in env, "a pod never downloads a model"
 
 

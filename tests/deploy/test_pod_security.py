@@ -5,6 +5,8 @@ through checkov)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from k8s_render import OVERLAYS, pods, ray_cluster_specs
 
@@ -73,3 +75,50 @@ def test_ray_writes_go_to_emptydirs(rendered, overlay):
             assert env.get("HOME", "").startswith("/tmp/"), f"{where}: HOME is not on the writable /tmp"
             if container["name"].startswith("ray-") and not where.endswith("/submitter"):
                 assert volumes[mounts["/dev/shm"]]["emptyDir"].get("medium") == "Memory", where
+
+
+def _image_env(flavour: str) -> dict[str, str]:
+    from test_dockerfiles import DOCKERFILES, instructions
+
+    env = {}
+    for name, rest in instructions(DOCKERFILES[flavour]):
+        if name == "ENV":
+            env.update(re.findall(r"(\w+)=(\S+)", rest))
+    return env
+
+
+def _writable(path: str, mounts: set[str]) -> bool:
+    return any(path == mount or path.startswith(mount.rstrip("/") + "/") for mount in mounts)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_path_the_code_writes_at_run_time_is_on_a_mounted_volume(rendered, overlay, monkeypatch):
+    """The root filesystem is read-only: the envs' run-time cache (slea/cache_dirs.py, where the
+    code itself puts compiled TextWorld games and ALFWorld verdicts, with the image's environment),
+    HOME's caches, the temp dir and run.dir must each lie on a volume every Ray pod mounts."""
+    from k8s_render import entrypoint_config, find
+
+    from actors.envs.alfworld.verification import cache_dir as verdicts
+    from actors.envs.textworld_games import cache_dir as textworld_games
+
+    image = _image_env("cpu" if overlay == "cpu-kind" else "gpu")
+    for name, value in image.items():
+        monkeypatch.setenv(name, value)
+    config, _ = entrypoint_config(find(rendered[overlay], "RayJob"))
+    written = {
+        "compiled TextWorld games": str(textworld_games()),
+        "ALFWorld verdicts": str(verdicts()),
+        "the temp dir": "/tmp",
+    }
+    assert not _writable(image["SLEA_CACHE_DIR"], {"/tmp", "/mnt/slea-runs"}), "the build cache is baked, read-only"
+    for where, spec in pods(rendered[overlay]).items():
+        if where.startswith("StatefulSet/") or where.endswith("/submitter"):
+            continue
+        for container in spec["containers"]:
+            mounts = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            paths = {**written, "HOME": env["HOME"]}
+            if where.startswith("RayJob/") and where.rsplit("/", 1)[-1] in ("head", "learner", "library"):
+                paths["run.dir"] = config.run.dir
+            for what, path in paths.items():
+                assert _writable(path, mounts), f"{where} {container['name']}: {what} ({path}) is on the read-only root"

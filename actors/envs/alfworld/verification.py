@@ -17,6 +17,7 @@ from pathlib import Path
 
 from actors.envs.alfworld.engine import AlfredEngine, play_walkthrough
 from actors.envs.alfworld.generator import GeneratedGame
+from slea.cache_dirs import runtime_cache_dir
 
 
 class UnsolvableGameError(RuntimeError):
@@ -24,9 +25,8 @@ class UnsolvableGameError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    """Where verdicts live; SLEA_CACHE_DIR overrides ~/.cache/slea-rl (e.g. a shared volume on a cluster)."""
-    root = os.environ.get("SLEA_CACHE_DIR") or Path.home() / ".cache" / "slea-rl"
-    return Path(root) / "envs" / "alfworld" / "verified"
+    """Where verdicts live: the run-time cache (slea/cache_dirs.py; a shared volume on a cluster if you like)."""
+    return runtime_cache_dir() / "envs" / "alfworld" / "verified"
 
 
 def _verdict_path(game: GeneratedGame) -> Path:
