@@ -124,7 +124,8 @@ def test_ab_groups_split_with_and_without_experience(ray_cluster, redis_url, tin
 
 
 def test_published_weights_reach_the_next_steps(ray_cluster, redis_url, tiny_model_dir):
-    config = pool_config("pool-weights", tiny_model_dir, "actors.num_workers=1")
+    # float32 generation: the recorded log-probs are compared with a float32 forward of the new weights
+    config = pool_config("pool-weights", tiny_model_dir, "actors.num_workers=1", "actors.dtype=float32")
     client = redis.Redis.from_url(redis_url)
     pool = ActorPool(config, redis_url)
     pool.scale(1)
