@@ -7,6 +7,7 @@ Heavy imports (torch, ray, the envs) happen inside the command that needs them, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -155,7 +156,8 @@ def cmd_play(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def _run_bench(args: argparse.Namespace) -> tuple[int, dict | None, str | None]:
+    """(exit code, result to print, or the async report's text) of the chosen benchmark."""
     if args.target == "stream":
         from driver.bench_stream import bench_stream
 
@@ -184,7 +186,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             result = bench_cores(model_name=args.model or CORES_MODEL)
         except RuntimeError as exc:  # one core only, or a measuring process failed
             print(f"slea bench cores: {exc}", file=sys.stderr)
-            return 1
+            return 1, None, None
     else:  # "async", the last of the parser's choices
         from driver.bench_async import DEFAULT_MODEL, bench_async, format_report
 
@@ -192,12 +194,36 @@ def cmd_bench(args: argparse.Namespace) -> int:
             result = bench_async(model=args.model or DEFAULT_MODEL, measured_steps=args.steps, timeout_s=args.timeout)
         except (TimeoutError, RuntimeError, ValueError) as exc:  # a run past the deadline, failed, or too few steps
             print(f"slea bench async: {exc}", file=sys.stderr)
-            return 1
+            return 1, None, None
         if not args.json:
-            print(format_report(result))
-            return 0
-    _print_result(result, args.json)
-    return 0
+            return 0, None, format_report(result)
+    return 0, result, None
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    with stdout_to_stderr():  # stdout carries the result alone: `slea bench ... --json | jq` works
+        code, result, text = _run_bench(args)
+    if text is not None:
+        print(text)
+    elif result is not None:
+        _print_result(result, args.json)
+    return code
+
+
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """What a benchmark's libraries print (DeepSpeed's and vLLM's log lines, a C++ op's build
+    message) and what their subprocesses write to file descriptor 1 goes to stderr meanwhile."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def cmd_serve_library(args: argparse.Namespace) -> int:

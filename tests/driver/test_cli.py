@@ -122,3 +122,19 @@ def test_every_flag_and_argument_of_every_command_has_help_text():
                     f"{path} {name} (the command)" for name, sub in action.choices.items() if id(sub) not in documented
                 ]
     assert not undocumented, "without help text: " + ", ".join(undocumented)
+
+
+def test_a_benchmarks_library_and_subprocess_output_never_reaches_stdout(capfd):
+    """`slea bench ... --json` prints the result alone on stdout: DeepSpeed's and vLLM's lines, and
+    what their subprocesses write to file descriptor 1, go to stderr meanwhile."""
+    import subprocess as sp
+
+    from driver.cli import stdout_to_stderr
+
+    with stdout_to_stderr():
+        print("a library's log line")
+        sp.run(["echo", "an engine process's line"], check=True)
+    print('{"result": 1}')
+    out, err = capfd.readouterr()
+    assert out == '{"result": 1}\n'
+    assert "a library's log line" in err and "an engine process's line" in err
