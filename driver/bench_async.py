@@ -35,7 +35,6 @@ with its whole process group) and the benchmark fails saying which run and how f
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -247,8 +246,7 @@ def bench_async(model: str = DEFAULT_MODEL, measured_steps: int | None = None, t
             )
         shape = BenchShape(**{**asdict(shape), "measured_steps": measured_steps})
     deadline = time.monotonic() + timeout_s
-    # Log lines of what this process imports (DeepSpeed's go to stdout) go to stderr: stdout is for the result (--json).
-    with tempfile.TemporaryDirectory(prefix="slea-bench-async-") as tmp, contextlib.redirect_stdout(sys.stderr):
+    with tempfile.TemporaryDirectory(prefix="slea-bench-async-") as tmp:
         model_name = model
         if model == TINY:
             from slea.models import tiny_model

@@ -34,8 +34,9 @@ import time
 from pathlib import Path
 
 from slea.cpu_threads import WAIT_POLICY
+from slea.models import SHIPPED
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_MODEL = SHIPPED
 LEARNER_BATCH = (4, 256)  # sequences x tokens per optimizer step
 LOSS_POSITIONS = 16  # positions the loss reads (a response's tokens)
 ACTOR_PROMPTS = (4, 300)  # prompts x prompt tokens per generate call

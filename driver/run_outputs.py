@@ -172,7 +172,7 @@ def compare_runs(run_dirs: list[str | Path], out_png: str | Path, key: str = "ev
     intervals: `slea compare --by-preset` (driver/study.py)."""
     columns, lines = {}, {}
     for run_dir in run_dirs:
-        run = _run_section(run_dir)
+        run = run_section(run_dir)
         found = series(read_metrics(run_dir), key).get(key)
         if found is None:
             raise ValueError(
@@ -197,7 +197,8 @@ def compare_runs(run_dirs: list[str | Path], out_png: str | Path, key: str = "ev
     return "\n".join(rows), png
 
 
-def _run_section(run_dir: str | Path) -> dict:
+def run_section(run_dir: str | Path) -> dict:
+    """The `run:` section of the run directory's config.yaml ({} without one)."""
     import yaml
 
     config_file = Path(run_dir) / "config.yaml"

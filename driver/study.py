@@ -29,9 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from driver.run_outputs import draw_lines
+from driver.run_outputs import draw_lines, run_section
 
 BASE = "base model"  # the arm of the step-0 evaluations: the policy before any update
 EPISODES_FILE = "episodes.jsonl"  # a kept run's episodes, one JSON line each, with its learner_step
@@ -110,10 +109,9 @@ def difference(first: Cells, second: Cells, draws: int = DRAWS, seed: int = 0) -
 
 def arm_of(run_dir: Path) -> tuple[str, str]:
     """(run id, arm label) from the run's config.yaml: the preset, "+edge" when `run.edge` was on."""
-    config_file = run_dir / "config.yaml"
-    if not config_file.is_file():
+    if not (run_dir / "config.yaml").is_file():
         raise ValueError(f"{run_dir} has no config.yaml: not a run directory (or not a kept one)")
-    run = yaml.safe_load(config_file.read_text()).get("run", {})
+    run = run_section(run_dir)
     return run.get("id", run_dir.name), run.get("preset", "?") + ("+edge" if run.get("edge") else "")
 
 

@@ -99,19 +99,19 @@ def run_keys(client: redis.Redis, run_id: str) -> list[bytes]:
 def expire_run(client: redis.Redis, run_id: str, seconds: int) -> int:
     """Let the run's keys expire `seconds` from now (a shared Redis with `noeviction` never drops them
     otherwise); returns how many. A resumed run calls keep_run and they stay."""
-    keys = run_keys(client, run_id)
-    pipe = client.pipeline(transaction=False)
-    for key in keys:
-        pipe.expire(key, seconds)
-    pipe.execute()
-    return len(keys)
+    return _on_run_keys(client, run_id, lambda pipe, key: pipe.expire(key, seconds))
 
 
 def keep_run(client: redis.Redis, run_id: str) -> int:
     """Take back expire_run: the run goes on (resumed within its retention period); returns how many keys."""
+    return _on_run_keys(client, run_id, lambda pipe, key: pipe.persist(key))
+
+
+def _on_run_keys(client: redis.Redis, run_id: str, command) -> int:
+    """`command(pipeline, key)` for every key of the run, in one round trip; returns how many keys."""
     keys = run_keys(client, run_id)
     pipe = client.pipeline(transaction=False)
     for key in keys:
-        pipe.persist(key)
+        command(pipe, key)
     pipe.execute()
     return len(keys)
