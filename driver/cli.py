@@ -212,7 +212,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def stdout_to_stderr():
-    """What a benchmark's libraries print (DeepSpeed's and vLLM's log lines, a C++ op's build
+    """What a benchmark's or an evaluation's libraries print (DeepSpeed's and vLLM's log lines, a C++ op's build
     message) and what their subprocesses write to file descriptor 1 goes to stderr meanwhile."""
     sys.stdout.flush()
     saved = os.dup(1)
@@ -244,18 +244,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from driver.evaluate import evaluate
 
     try:
-        report = evaluate(
-            args.model,
-            args.env,
-            args.panel,
-            samples_per_task=args.episodes_per_task,
-            ks=args.ks,
-            budgets=args.budgets,
-            config_file=args.config,
-            overrides=[*args.overrides, *_plugin_overrides(args)],
-            out_dir=args.out,
-            use_library=not args.no_library,
-        )
+        with stdout_to_stderr():  # stdout carries the report alone: `slea eval ... --json | jq` works with vLLM too
+            report = evaluate(
+                args.model,
+                args.env,
+                args.panel,
+                samples_per_task=args.episodes_per_task,
+                ks=args.ks,
+                budgets=args.budgets,
+                config_file=args.config,
+                overrides=[*args.overrides, *_plugin_overrides(args)],
+                out_dir=args.out,
+                use_library=not args.no_library,
+            )
     except ConfigError:
         raise  # main() reports config errors the same way for every command
     except ValueError as exc:  # k or T out of range, an empty panel

@@ -170,7 +170,7 @@ def evaluate(
     load_plugins(config.envs.plugins)  # a bad plugin fails here, before the model loads
     model = config.model
     engine = make_engine(
-        config.actors.engine,
+        config.eval.engine or config.actors.engine,
         source.model_name,
         SamplingSettings(temperature=model.temperature, top_p=model.top_p, max_new_tokens=model.max_new_tokens),
         dtype=config.actors.dtype,

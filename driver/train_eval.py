@@ -65,11 +65,12 @@ class PanelEvaluator:
         self._progress: tuple[int, int, int] | None = None  # (learner step, episodes played, in all) while evaluating
         model = self.config.model
         self.engine = make_engine(
-            "transformers",
+            self.config.eval.engine or self.config.actors.engine,
             model.name,
             SamplingSettings(temperature=model.temperature, top_p=model.top_p, max_new_tokens=model.max_new_tokens),
             dtype=self.config.actors.dtype,
             max_batch=self.config.eval.max_batch,
+            engine_args=self.config.actors.engine_args,
         )
 
     def _load_latest_weights(self, timeout_s: float = 300.0) -> int:

@@ -481,6 +481,10 @@ class EvalConfig(_Section):
     )
     greedy: bool = Field(True, description="Also play one greedy episode per panel task (the eval/greedy/... rows).")
     library: bool = Field(True, description="Also play with the run's live library, when the run has one.")
+    engine: Literal["transformers", "vllm"] | None = Field(
+        None,
+        description="The evaluator's generation engine (null = actors.engine); vLLM caches the panel prompts' shared prefix.",
+    )
     max_batch: int = Field(16, ge=1, description="Generations batched together by the evaluator's engine.")
     num_cpus: float = Field(1.0, ge=0, description="Ray CPUs of the evaluator.")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs of the evaluator.")

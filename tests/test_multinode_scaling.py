@@ -15,6 +15,7 @@ the first step of a new worker's group in the stream (run with -s to see it).
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -145,6 +146,16 @@ class StreamTap(threading.Thread):
             ]
         return min(times) if times else None
 
+    def group_ids(self, *workers: int) -> set[str]:
+        """The groups of the episodes these workers listed, abandoned steps left out."""
+        with self.lock:
+            episodes = set().union(*(self.listed.get(worker, set()) for worker in workers))
+            return {
+                record.group_id
+                for record in self.records.values()
+                if record.episode_id in episodes and not record.abandoned
+            }
+
 
 def wait_until(predicate, what: str, timeout_s: float, driver: subprocess.Popen, log_path, tap: StreamTap) -> None:
     deadline = time.monotonic() + timeout_s
@@ -171,9 +182,17 @@ def slea_scale(run_dir, workers: int) -> str:
     return result.stdout.strip()
 
 
-def trained_steps(run_dir) -> int:
+def trained_trace(run_dir) -> list[dict]:
     trace = run_dir / "learner" / "trained_groups.jsonl"
-    return len(trace.read_text().splitlines()) if trace.exists() else 0
+    return [json.loads(line) for line in trace.read_text().splitlines()] if trace.exists() else []
+
+
+def trained_steps(run_dir) -> int:
+    return len(trained_trace(run_dir))
+
+
+def trained_group_ids(run_dir) -> set[str]:
+    return {group_id for line in trained_trace(run_dir) for group_id in line["group_ids"]}
 
 
 def test_slea_scale_grows_and_shrinks_the_pool_across_autoscaled_nodes(cluster, tmp_path, tiny_model_dir, redis_url):
@@ -234,6 +253,15 @@ def test_slea_scale_grows_and_shrinks_the_pool_across_autoscaled_nodes(cluster, 
             f"group of a new worker streamed after {first_s - asked_at:.1f} s: {first_s - launched[0] if launched else float('nan'):.1f} s "
             f"from the node's launch, {first_s - registered[0]:.1f} s from its registration"
         )
+        # A new worker's first group is trained before 3 -> 1: scaling down abandons what is in flight.
+        wait_until(
+            lambda: tap.group_ids(1, 2) & trained_group_ids(run_dir),
+            "a group of a new worker to be trained",
+            180,
+            driver,
+            log_path,
+            tap,
+        )
         steps_at_three = trained_steps(run_dir)
 
         # 3 -> 1: the removed workers stop, their nodes go idle and the autoscaler removes them.
@@ -275,9 +303,4 @@ def test_slea_scale_grows_and_shrinks_the_pool_across_autoscaled_nodes(cluster, 
     assert lineage(audit.trace) == audit.trace, "a learner step was rolled back: the learner restarted"
     versions = [line["policy_version"] for line in audit.trace]
     assert versions == list(range(versions[0], versions[0] + len(versions)))  # continuous, no repeat
-    new_workers_groups = {
-        record.group_id
-        for record in tap.records.values()
-        if record.episode_id in tap.listed[1] | tap.listed[2] and not record.abandoned
-    }
-    assert new_workers_groups & audit.trained, "no group of a worker added by slea scale was trained on"
+    assert tap.group_ids(1, 2) & audit.trained, "no group of a worker added by slea scale was trained on"

@@ -5,16 +5,19 @@ import subprocess
 import sys
 
 import pytest
+from required_tools import vllm_python
 
 from driver.evaluate import resolve_policy
 from slea.config import dump_config, load_config
-from slea.models import tiny_model
+from slea.models import SHIPPED, load_model, tiny_model
 
 SLEA = [sys.executable, "-m", "driver.cli"]
 
 
-def fake_run(tmp_path, versions=(2, 3), save_weights=False):
-    """A run directory in the learner's checkpoint layout (learner/checkpoint.py), with its config."""
+def fake_run(tmp_path, versions=(2, 3), save_weights=False, shipped=False):
+    """A run directory in the learner's checkpoint layout (learner/checkpoint.py), with its config;
+    its newest checkpoint holds the tiny model, or with `shipped` SmolLM2 (vLLM's CPU attention
+    refuses the tiny model's head size of 16)."""
     run = tmp_path / "run"
     root = run / "learner" / "checkpoints"
     for version in versions:
@@ -30,7 +33,7 @@ def fake_run(tmp_path, versions=(2, 3), save_weights=False):
     )
     (run / "config.yaml").write_text(dump_config(config))
     if save_weights:
-        model, tokenizer = tiny_model(seed=2)
+        model, tokenizer = load_model(SHIPPED) if shipped else tiny_model(seed=2)
         model.save_pretrained(root / f"v{versions[-1]:08d}" / "hf")
         tokenizer.save_pretrained(root / f"v{versions[-1]:08d}" / "hf")
     return run
@@ -63,11 +66,16 @@ def test_a_run_without_checkpoints_says_so(tmp_path):
 
 
 @pytest.mark.slow
-def test_slea_eval_on_a_run_directory_writes_the_report(tmp_path):
-    run = fake_run(tmp_path, save_weights=True)
+@pytest.mark.parametrize("engine", ["transformers", "vllm"])
+def test_slea_eval_on_a_run_directory_writes_the_report(tmp_path, engine):
+    """eval.engine picks the engine; stdout holds the JSON report alone, with vLLM's log lines too."""
+    if engine == "vllm":
+        vllm_python()
+    run = fake_run(tmp_path, save_weights=True, shipped=engine == "vllm")
     out = tmp_path / "report"
     result = subprocess.run(
-        [*SLEA, "eval", str(run), "--episodes-per-task", "2", "--k", "1", "--k", "2", "--out", str(out), "--json"],
+        [*SLEA, "eval", str(run), "--episodes-per-task", "2", "--k", "1", "--k", "2", "--out", str(out), "--json"]
+        + ["--set", f"eval.engine={engine}"],
         capture_output=True,
         text=True,
         timeout=300,
