@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from driver.library_report import library_report
 from driver.run_outputs import draw_lines, run_section
 
 BASE = "base model"  # the arm of the step-0 evaluations: the policy before any update
@@ -227,6 +228,12 @@ def study_report(run_dirs: list[str | Path], out_dir: str | Path, draws: int = D
             if any(cell != "-" for cell in row):
                 lines.append(f"| {first} - {second} | {' | '.join(row)} |")
         plots.append(_plot(estimates, arms, out / f"{view}_{metric}.png", view, metric))
+    runs_by_arm: dict[str, list[Path]] = {arm: [] for arm in arms}
+    for run_dir in map(Path, run_dirs):
+        runs_by_arm.setdefault(arm_of(run_dir)[1], []).append(run_dir)
+    learned = library_report(runs_by_arm)
+    if learned:
+        lines += ["", "## What the library learned", "", learned]
     return "\n".join(lines), plots
 
 

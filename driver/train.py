@@ -43,7 +43,10 @@ def run_metrics(learner: dict, lags: dict[str, int], library: dict | None, pool:
     summaries: "actors/busy_s" and "actors/throttled_s", seconds with a group in play and seconds
     held back by the gate, summed over workers since each (incarnation) started, as of the line's
     "time": `slea bench async` divides their growth by the time between two lines; and
-    "actors/tokens/<engine>", the tokens generated so far by the workers of each engine."""
+    "actors/tokens/<engine>", the tokens generated so far by the workers of each engine. From the
+    library: "library/prompts/seen", the training prompts its writer applied since it started, and
+    "library/prompts/<zone>", those that showed at least one strategy or warning (`slea compare`
+    turns their growth between evaluations into shares)."""
     line: dict[str, float] = {}
     wins = episodes = 0
     for key, value in learner.items():
@@ -74,6 +77,7 @@ def run_metrics(learner: dict, lags: dict[str, int], library: dict | None, pool:
             zone = zone_level.split("/")[0]
             line[f"library/size/{zone}"] = line.get(f"library/size/{zone}", 0) + size
         line["library/version"] = library["version"]
+        line.update({f"library/prompts/{what}": count for what, count in library["prompts"].items()})
     return line
 
 

@@ -20,10 +20,12 @@ from pathlib import Path
 
 import ray
 
+from slea.channels import LibraryNotPublished
 from slea.config import SleaConfig
 
 log = logging.getLogger(__name__)
 
+LIBRARY_LISTING = "library.md"  # beside each report played with the library: what the library held
 HEADLINE = "eval/success_rate"  # sampled success, with the library when the run has one (the deployed policy)
 
 
@@ -94,14 +96,13 @@ class PanelEvaluator:
             self.engine.update_weights(ray.get(ref), version)
         return version
 
-    def _retrieval(self):
-        """A client of the run's live library app, or None (no library, or it is not up)."""
+    def _library_app(self):
+        """The handle of the run's live library app, or None (no library, or it is not up)."""
         if not (self.config.library.enabled and self.config.eval.library):
             return None
-        from driver.eval_library import retrieval_client_for, running_library_app
+        from driver.eval_library import running_library_app
 
-        handle = running_library_app()
-        return retrieval_client_for(self.config, handle) if handle is not None else None
+        return running_library_app()
 
     def evaluate(self, learner_step: int) -> dict:
         """Play the panel with the newest weights; returns the flat metrics (see eval_metrics).
@@ -109,14 +110,19 @@ class PanelEvaluator:
         Before the first update (step 0) the panel is played without the library: it is empty
         then, or holds only what training added while this evaluation waited, so a with-library
         row would measure neither the base policy nor a trained one."""
+        from driver.eval_library import retrieval_client_for
         from driver.evaluate import evaluate_engine
 
         version = self._load_latest_weights()
         cfg = self.config
-        retrieval = self._retrieval() if learner_step > 0 else None
+        library_app = self._library_app() if learner_step > 0 else None
+        retrieval = retrieval_client_for(cfg, library_app) if library_app is not None else None
         note = "the run's live library" if retrieval is not None else "the run has no library"
         if learner_step == 0 and cfg.library.enabled:
             note = "not played before the first update: the library starts empty"
+        out_dir = self.run_dir / "eval" / f"step-{learner_step:05d}-v{version:05d}"
+        if library_app is not None:
+            self._list_library(library_app, out_dir)
         started = time.monotonic()
         try:
             report = evaluate_engine(
@@ -125,7 +131,7 @@ class PanelEvaluator:
                 samples_per_task=cfg.eval.samples_per_task,
                 retrieval=retrieval,
                 library_note=note,
-                out_dir=self.run_dir / "eval" / f"step-{learner_step:05d}-v{version:05d}",
+                out_dir=out_dir,
                 facts={"model": cfg.model.name, "learner_step": learner_step, "policy_version": version},
                 env_pool=self.env_pool,
                 on_episode=lambda played, episodes: setattr(self, "_progress", (learner_step, played, episodes)),
@@ -136,6 +142,19 @@ class PanelEvaluator:
         metrics = eval_metrics(report, with_library=retrieval is not None)
         metrics["eval/seconds"] = time.monotonic() - started
         return metrics
+
+    def _list_library(self, library_app, out_dir: Path) -> None:
+        """`library.md`: what the library this evaluation plays with holds as it starts (the Serve
+        app's live listing), so a study can show what the library held at each evaluation (the
+        final snapshot alone cannot). A library not published yet is said in the file instead."""
+        from driver.eval_library import EVAL_RETRIEVAL_TIMEOUT_S
+
+        try:
+            listing = library_app.listing.remote(3).result(timeout_s=EVAL_RETRIEVAL_TIMEOUT_S)
+        except LibraryNotPublished as exc:
+            listing = f"no library to list: {exc}"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / LIBRARY_LISTING).write_text(listing + "\n")
 
     def progress(self) -> tuple[int, int, int] | None:
         """(learner step, episodes played, episodes in all) of the evaluation running now, else None."""

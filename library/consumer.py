@@ -91,6 +91,10 @@ class LibraryWriter:
         self.awaiting_snapshot: list[str] = []  # entry ids whose effect the next snapshot makes durable
         self.oldest_awaiting: float | None = None  # monotonic time the oldest of them was applied
         self.windows: queue.Queue[Window | None] = queue.Queue()
+        # Training prompts (steps) this writer applied, and those that showed at least one strategy
+        # or warning: the study's "share of prompts that showed each" (cumulative, from 0 at start).
+        self.prompts_seen = 0
+        self.prompts_showing: dict[str, int] = {STRATEGY: 0, WARNING: 0}
         self.failed: BaseException | None = None  # the worker's fatal error, if any
         self._worker = threading.Thread(target=self._work, name="library-worker", daemon=True)
         self._worker.start()
@@ -224,6 +228,7 @@ class LibraryWriter:
         library = self.library
         episodes = window.episodes
         library.see_learner_version(max(episode.policy_version for episode in episodes))
+        self._count_prompts(episodes)  # before utility pruning drops an item a prompt showed
         outcomes = [episode.outcome() for episode in episodes]
         usage: dict[str, int] = {}
         for episode in episodes:
@@ -257,6 +262,18 @@ class LibraryWriter:
         self.oldest_awaiting = self.oldest_awaiting or time.monotonic()
         self.pending_episodes += [episode.episode_id for episode in episodes]
         self._snapshot_if_due()
+
+    def _count_prompts(self, episodes: list[Episode]) -> None:
+        """Count each step's prompt once, and once per zone it showed an item of. An item the library
+        evicted before this window has no zone any more and is not counted."""
+        experiences = self.library.experiences
+        with self.library.lock:
+            for episode in episodes:
+                for step in episode.steps:
+                    zones = {experiences[i].zone for i in step.experience_ids if i in experiences}
+                    for zone in zones:
+                        self.prompts_showing[zone] += 1
+                    self.prompts_seen += 1
 
     def _extract(self, distil, episode: Episode, context, prompt: str) -> list:
         started = time.perf_counter()

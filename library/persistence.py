@@ -101,13 +101,19 @@ def show_library(run_dir: str | Path, top: int = 3) -> str:
     path = latest_snapshot(run_dir)
     if path is None:
         return f"{run_dir}: no library snapshot yet (looked in {snapshot_dir(run_dir)})"
-    header, clusters, experiences = parse_snapshot(path.read_text())
+    return describe_snapshot(path.read_text(), f"library of {run_dir} (snapshot {path.name})", top)
+
+
+def describe_snapshot(text: str, title: str, top: int = 3) -> str:
+    """A snapshot's version, clusters, zones and levels with their best `top` items and the
+    episodes each was distilled from, under `title`."""
+    header, clusters, experiences = parse_snapshot(text)
     per_task: dict[str, int] = {}
     for cluster in clusters:
         per_task[cluster["task_type"]] = per_task.get(cluster["task_type"], 0) + 1
     counters = ", ".join(f"{name} {count}" for name, count in header["counters"].items())
     lines = [
-        f"library of {run_dir} (snapshot {path.name})",
+        title,
         f"version {header['version']}  learner version {header['learner_version']}  "
         f"experiences {len(experiences)}  clusters {len(clusters)}",
         "clusters per task type: "
@@ -125,4 +131,5 @@ def show_library(run_dir: str | Path, top: int = 3) -> str:
                     f"    [{item['id']}] score {item['score']:.2f} utility {item['utility']:+.2f} "
                     f"used {item['usage']}x  {item['text'][:100]}"
                 )
+                lines.append(f"      from episodes: {', '.join(item['source_episode_ids']) or '(none recorded)'}")
     return "\n".join(lines)

@@ -36,4 +36,5 @@ class LibraryProcess:
                 "version": library.version,
                 "experiences": {f"{zone}/{level}": size for (zone, level), size in library.level_sizes().items()},
                 "clusters": sum(len(space) for space in library.clusters.values()),
+                "prompts": {"seen": self.writer.prompts_seen, **self.writer.prompts_showing},
             }

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from ray import serve
 
 from library.embedding import Embedder
+from library.persistence import describe_snapshot, snapshot_text
 from library.request_models import BadRequest, RetrieveBatchRequest, RetrieveRequest, parse_request
 from library.retrieval import retrieve_batch
 from library.state import Library
@@ -50,7 +51,9 @@ class LibraryServer:
         self.config = SleaConfig.model_validate(config)
         self.cfg = self.config.library
         self.library = Library(self.cfg, Embedder(self.cfg.embedding_model, self.cfg.embedding_cache_size))
-        self.follower = Follower(connect(self.config.redis, redis_url), self.config.run.id, self.library)
+        self.follower = Follower(
+            connect(self.config.redis, redis_url), self.config.run.id, self.library, self.cfg.follow == "current"
+        )
         try:
             self.follower.sync()  # load the library now if there is one, so the first answer is quick
         except LibraryNotPublished as exc:
@@ -74,6 +77,7 @@ class LibraryServer:
         self.follower.sync()
         with library.lock:
             return {
+                "run": self.follower.run_id,
                 "library_version": library.version,
                 "learner_version": library.learner_version,
                 "warm": library.is_warm(),
@@ -82,13 +86,26 @@ class LibraryServer:
                 "counters": dict(library.counters),
             }
 
+    def listing(self, top: int = 3) -> str:
+        """`slea library show` of the library this replica serves now: the evaluator keeps one beside
+        each report it plays with the library (disk snapshots lag the live library by up to
+        library.snapshot_every versions)."""
+        self.follower.sync()
+        title = f"live library of run {self.follower.run_id} (version {self.library.version})"
+        return describe_snapshot(snapshot_text(self.library, []), title, top)
+
     def healthz(self) -> dict:
         """The replica is up; library_version is null while no library is published."""
         try:
             version = self.follower.sync()
         except LibraryNotPublished:
             version = None
-        return {"ok": True, "library_version": version, "uptime_s": round(time.time() - self.started_at, 1)}
+        return {
+            "ok": True,
+            "run": self.follower.run_id,
+            "library_version": version,
+            "uptime_s": round(time.time() - self.started_at, 1),
+        }
 
     def _answer(self, observations: list[str], task_types: list[str], parsed) -> list[dict]:
         self.follower.sync()

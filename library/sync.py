@@ -7,6 +7,11 @@ from a version older than the last one published before the request arrived. A r
 finds a gap (deltas trimmed while it was behind) reloads the snapshot. Each writer start is a
 new epoch: a restarted writer resumes from its last snapshot and may renumber versions that
 replicas already saw, so a delta of another epoch also sends a replica back to the snapshot.
+
+A writer's start also names its run the current one (slea:current_library_run), in the same
+transaction as its snapshot: a replica set to follow the current run (the RayService, which no
+training job's run id is known to in advance) moves to a new run's library as soon as that run's
+writer has published it, never to a run with nothing to serve yet.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import redis
 
 from library.persistence import load_snapshot_text
 from library.state import DeltaGap, Library
-from slea.channels import LibraryNotPublished
+from slea.channels import CURRENT_LIBRARY_RUN_KEY, LibraryNotPublished
 from slea.redis_conn import with_reconnect
 
 
@@ -54,13 +59,15 @@ class Publisher:
 
     def start(self, text: str) -> None:
         """Begin an epoch from the writer's restored (or empty) state: old deltas go, the snapshot
-        and epoch are replaced together so a replica never pairs one epoch with another's state."""
+        and epoch are replaced together so a replica never pairs one epoch with another's state,
+        and the run becomes the current one for replicas that follow it."""
 
         def replace():
             pipe = self.client.pipeline(transaction=True)
             pipe.delete(deltas_key(self.run_id))
             pipe.set(snapshot_key(self.run_id), text)
             pipe.set(epoch_key(self.run_id), self.epoch)
+            pipe.set(CURRENT_LIBRARY_RUN_KEY, self.run_id)
             pipe.execute()
 
         self._retry(replace)
@@ -87,12 +94,15 @@ class Publisher:
 
 class Follower:
     """Replica side: keeps a Library at the newest published version. Before the first snapshot
-    every sync raises LibraryNotPublished, and the first sync after it loads the snapshot."""
+    every sync raises LibraryNotPublished, and the first sync after it loads the snapshot. With
+    follow_current the run is the one the newest writer named current: when that changes, the
+    next sync loads the new run's snapshot in place of the old run's library."""
 
-    def __init__(self, client: redis.Redis, run_id: str, library: Library):
+    def __init__(self, client: redis.Redis, run_id: str, library: Library, follow_current: bool = False):
         self.client = client
         self.run_id = run_id
         self.library = library
+        self.follow_current = follow_current
         self.last_entry: str | None = None  # id of the last delta entry read; None before the snapshot
         self.epoch: str | None = None  # writer epoch of the snapshot loaded
 
@@ -112,6 +122,8 @@ class Follower:
 
     def sync(self) -> int:
         """Apply every delta published since the last sync; returns the library version."""
+        if self.follow_current:
+            self._follow_current_run()
         for _attempt in range(3):
             if self.last_entry is None:
                 self._bootstrap()
@@ -121,6 +133,16 @@ class Follower:
             except DeltaGap:
                 self.last_entry = None
         raise RuntimeError(f"library replica of run {self.run_id} could not catch up with the writer's deltas")
+
+    def _follow_current_run(self) -> None:
+        current = self.client.get(CURRENT_LIBRARY_RUN_KEY)
+        if current is None:
+            raise LibraryNotPublished(
+                f"no library published yet: no run has started a library writer on this Redis "
+                f"(Redis key {CURRENT_LIBRARY_RUN_KEY} is empty)"
+            )
+        if current.decode() != self.run_id:  # a new run: its snapshot replaces the old run's library
+            self.run_id, self.last_entry, self.epoch = current.decode(), None, None
 
     def _apply_new(self) -> None:
         while True:

@@ -7,7 +7,8 @@
 # library), so the others skip that evaluation and share it as the baseline.
 #
 # Runs go to runs/<id>; each finished run is kept in docs/learning/runs/<id>/ (its resolved config,
-# its held-out evaluation lines, every held-out episode, how long it took), which is committed, and
+# its held-out evaluation and library lines, every held-out episode, the library's listing at each
+# evaluation, how long it took), which is committed, and
 # a run kept there is not repeated: the study can be completed across sessions, a run at a time.
 #   bash scripts/learning_comparison.sh                    # every arm and seed not kept yet
 #   ARMS="grpo:0" bash scripts/learning_comparison.sh      # one run (preset[+edge]:seed ...)
@@ -42,7 +43,8 @@ for arm in ${arms}; do
   echo "learning_comparison: ${id} took $(( $(date +%s) - started )) s on $(nproc) cores" | tee "runs/${id}/comparison-done"
   mkdir -p "${kept_root}/${id}"
   cp "runs/${id}/config.yaml" "runs/${id}/comparison-done" "${kept_root}/${id}/"
-  grep '"eval/' "runs/${id}/metrics.jsonl" > "${kept_root}/${id}/metrics.jsonl"
+  grep -E '"(eval|library)/' "runs/${id}/metrics.jsonl" > "${kept_root}/${id}/metrics.jsonl"
+  (cd "runs/${id}" && find eval -name library.md -exec cp --parents {} "../../${kept_root}/${id}/" \;)
   .venv/bin/python -c "import sys; from pathlib import Path; from driver.study import keep_episodes; \
 keep_episodes(Path(sys.argv[1]), Path(sys.argv[2]))" "runs/${id}" "${kept_root}/${id}"
   baseline=false

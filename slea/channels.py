@@ -13,6 +13,11 @@ class LibraryNotPublished(RuntimeError):
     answer this (HTTP 503 with the reason) until the first snapshot; actors go without experiences."""
 
 
+# Redis string holding the id of the newest run that `slea train` started with a library on this
+# Redis: a library app set to `library.follow: current` (the RayService) serves that run's library.
+CURRENT_LIBRARY_RUN_KEY = "slea:current_library_run"
+
+
 def weight_registry_name(run_id: str) -> str:
     """Ray actor name of a run's weight registry (the learner publishes, actors poll)."""
     return f"slea-weights-{run_id}"

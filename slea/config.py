@@ -345,6 +345,10 @@ class LibraryConfig(_Section):
         None, description="OpenAI-compatible endpoint for the llm extractor; null uses the local model."
     )
     snapshot_every: int = Field(10, ge=1, description="Snapshot every N library versions (and on shutdown).")
+    follow: Literal["run", "current"] = Field(
+        "run",
+        description="Library a retrieval app serves: run.id's, or (current) the newest run slea train started with a library on this Redis.",
+    )
     replicas: int = Field(1, ge=1, description="Ray Serve replicas of the retrieval app.")
     max_replicas: int = Field(4, ge=1, description="Serve autoscaling upper bound.")
     http_port: int = Field(8000, ge=0, le=65535, description="Ray Serve HTTP port (0 = no HTTP).")

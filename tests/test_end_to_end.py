@@ -83,6 +83,11 @@ def test_train_writes_a_complete_run_and_resume_continues_the_version_line(tmp_p
         "eval/sampled/library/success_rate" in evaluated[3] and "eval/sampled/no_library/success_rate" in evaluated[3]
     )
     assert len(list((run_dir / "eval").glob("step-*/report.json"))) == len(evaluated)
+    # the evaluations after an update played with the library and list what it held beside the report
+    [listing] = (run_dir / "eval").glob("step-00003-*/library.md")
+    assert "library of" in listing.read_text() and "strategy zone:" in listing.read_text()
+    assert not list((run_dir / "eval").glob("step-00000-*/library.md"))  # step 0 plays without it
+    assert all(f"library/prompts/{what}" in steps[-1] for what in ("seen", "strategy", "warning"))
 
     [first_log] = offline_logs(run_dir)
     assert wandb_versions(first_log) == [1, 2, 3]

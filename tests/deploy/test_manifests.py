@@ -27,6 +27,7 @@ from k8s_render import (
 from packaging.version import Version
 
 from slea.channels import LIBRARY_APP
+from slea.config import load_config
 
 POOLS = {"actors": "actor_pool", "learner": "learner_pool", "library": "library_pool"}
 CORE_KINDS = {"ConfigMap", "NetworkPolicy", "PersistentVolumeClaim", "Service", "StatefulSet"}
@@ -320,6 +321,10 @@ def test_rayservice_serves_the_library_app_as_configured(rendered, overlay):
     assert app["name"] == LIBRARY_APP, "app name differs from the one slea train deploys and actors look up"
     config_path = app["args"]["config"]
     assert (REPO / config_path.removeprefix("/app/")).is_file()
+    served = load_config(REPO / config_path.removeprefix("/app/"), app["args"].get("overrides", []))
+    assert served.library.follow == "current", (
+        "the RayService must serve the run that is training: no run id is known to it in advance (issue 22)"
+    )
     (deployment,) = app["deployments"]
     assert re.search(rf"^class {deployment['name']}\b", source, re.M), f"no deployment class {deployment['name']}"
     base = entrypoint_config({"spec": {"entrypoint": f"slea train {config_path}"}})[0].library

@@ -20,8 +20,8 @@ from k8s_render import K8S, REPO, entrypoint_config, find, kustomize
 from prometheus_client.parser import text_string_to_metric_families
 from required_tools import redis_exporter
 
-from library.sync import deltas_key, epoch_key, snapshot_key
-from slea.channels import inflight_key, policy_version_key, sync_claims_key
+from library.sync import Publisher, deltas_key, epoch_key, snapshot_key
+from slea.channels import CURRENT_LIBRARY_RUN_KEY, inflight_key, policy_version_key, sync_claims_key
 from slea.config import RedisConfig
 from slea.ports import free_port
 from slea.records import StepRecord
@@ -154,6 +154,8 @@ def test_the_system_user_does_what_the_system_does(shipped_redis):
     client.hdel(inflight_key("cluster", 0), "episode")
     assert client.hincrby(sync_claims_key("cluster"), "3", 1) == 1
     # the learner's version record (learner/weights.py) and the new-run check (slea/services.py)
+    Publisher(client, "cluster").start("{}")  # a writer's start names its run current (library/sync.py)
+    assert client.get(CURRENT_LIBRARY_RUN_KEY) == b"cluster"
     client.set(policy_version_key("cluster"), 7)
     assert client.get(policy_version_key("cluster")) == b"7" and client.exists(stream)
     # the run's retention (driver/train.py _retained): its keys expire after it ends, a resume keeps them

@@ -106,7 +106,11 @@ def test_one_poll_records_every_drained_learner_step_and_trims_what_both_groups_
         pool,
         sizer,
         drain_learner=lambda: drained.pop(0),
-        library_stats=lambda: {"version": 7, "experiences": {"strategy/principle": 2, "warning/mistake": 1}},
+        library_stats=lambda: {
+            "version": 7,
+            "experiences": {"strategy/principle": 2, "warning/mistake": 1},
+            "prompts": {"seen": 12, "strategy": 5, "warning": 2},
+        },
         progress=Progress(config),
         recorder=recorder,
         console=console,
@@ -117,6 +121,7 @@ def test_one_poll_records_every_drained_learner_step_and_trims_what_both_groups_
     assert [line["step"] for line in lines] == [1, 2] and lines[1]["learner/loss"] == 0.25
     assert lines[0]["stream/lag/learner"] == 0 and lines[0]["stream/lag/library"] == 3  # undelivered entries
     assert lines[0]["library/version"] == 7 and lines[0]["library/size/strategy"] == 2
+    assert (lines[0]["library/prompts/seen"], lines[0]["library/prompts/strategy"]) == (12, 5)
     assert lines[0]["actors/busy_s"] == 3.0 and lines[0]["actors/tokens/transformers"] == 40
     assert redis_client.xlen(stream) == 3, "the two entries both groups acknowledged are trimmed, nothing else"
     assert pool.supervised == 1 and len(sizer.updates) == 1  # `slea scale` and the autoscaler see the poll

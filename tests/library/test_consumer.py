@@ -135,6 +135,7 @@ def test_exposures_reach_the_items_and_groups_without_ab_halves_leave_utility_al
     cfg = config(snapshot_every=1)
     writer = writer_for(cfg, redis_client, tmp_path, embedder, policy_tokenizer)
     method = first_window(writer, redis_client, cfg, "strategy")
+    assert (writer.prompts_seen, writer.prompts_showing) == (12, {"strategy": 0, "warning": 0})  # g1: 4 x 3 steps
     # g3 and g4 (version 1, with g2): episodes 0 and 2 saw the method, 3 steps each; g5 closes the window
     produce(
         redis_client,
@@ -145,6 +146,8 @@ def test_exposures_reach_the_items_and_groups_without_ab_halves_leave_utility_al
     )
     drain(writer)
     assert (method.exposures, method.usage, method.utility, method.compared) == (4, 12, 0.0, 0)
+    # the window held g2, g3, g4: 36 prompts, 12 of them (2 episodes x 3 steps x 2 groups) showed the method
+    assert (writer.prompts_seen, writer.prompts_showing) == (48, {"strategy": 12, "warning": 0})
     writer.shutdown()
     assert pending(redis_client, cfg) == 0  # snapshot_every=1: every change is durable at once
 

@@ -74,3 +74,4 @@ def test_show_library(embedder, policy_tokenizer, tmp_path):
         and "Open the fridge before looking inside it." in shown
         and "warning zone: 0 items" in shown
     )
+    assert "      from episodes: ep" in shown  # the episode the item was distilled from
