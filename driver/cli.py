@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from actors.envs.registry import PluginError, UnknownEnvError, load_plugins
+from driver.local_ray import keep_local_ray_on_loopback
 from slea.config import ConfigError, apply_override, dump_config, load_config, parse_override
 from slea.embedded_redis import RedisServerMissing
 
@@ -99,6 +100,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             "default (configs/ has the others), or `slea train --resume runs/<id>` continues a run"
         )
     config = load_config(args.config, [*args.overrides, *_plugin_overrides(args)])
+    if config.ray.address is None:
+        keep_local_ray_on_loopback()  # before a plugin or the driver imports ray
     load_plugins(config.envs.plugins)  # a bad plugin fails here, before Redis, Ray and the model start
     from driver.supervision import ComponentFailed
     from driver.train import train
@@ -201,6 +204,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[int, dict | None, str | None]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    keep_local_ray_on_loopback()  # every benchmark's Ray is its own, on this machine
     with stdout_to_stderr():  # stdout carries the result alone: `slea bench ... --json | jq` works
         code, result, text = _run_bench(args)
     if text is not None:

@@ -1,8 +1,7 @@
 """The DeepSpeed policy trainer: PPO mini-batch updates per learner batch, micro-batched by tokens.
 
-One process on one machine needs no launcher: `init_distributed` fills in the rendezvous
-variables torchrun would set. With several ranks (torchrun, or Ray actors that set the same
-variables), every rank receives the whole batch and trains its share of each mini-batch's
+One process on one machine needs no launcher: `init_distributed` forms a group of one on an
+in-process store. With several ranks (torchrun, or Ray actors meeting on rank 0's store), every rank receives the whole batch and trains its share of each mini-batch's
 micro-batches; DeepSpeed averages the gradients.
 
 One learner batch is `learner.ppo_epochs` passes over `learner.mini_batches` mini-batches, one
@@ -42,35 +41,27 @@ from learner.loss import gather_logprobs, ppo_loss, token_entropy
 from learner.precision import compute_context, deepspeed_autocast_section, use_float_head
 from learner.weights import cpu_copy
 from slea.config import LearnerConfig
-from slea.ports import free_port
 from slea.precision import resolve_dtype
 
 
-def init_distributed() -> tuple[int, int]:
-    """Join (or create) the process group: NCCL on GPU, gloo on CPU; returns (rank, world size)."""
+def init_distributed(store: dist.Store | None = None) -> tuple[int, int]:
+    """Join (or create) the process group: NCCL on GPU, gloo on CPU; returns (rank, world size).
+
+    The ranks of a multi-rank learner meet on `store` (rank 0 hosts it on its node's address
+    only: learner/process.py); torchrun's ranks (WORLD_SIZE set, no store) on its env://
+    rendezvous. A lone learner needs no rendezvous: its group forms on an in-process store, so
+    it opens no port for one (and never reuses a MASTER_PORT a parent process may still hold)."""
     if not dist.is_initialized():
-        for name, default in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        for name, default in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
             os.environ.setdefault(name, default)
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if os.environ["WORLD_SIZE"] != "1":  # launched by torchrun / a multi-rank launcher: use its rendezvous
-            deepspeed.init_distributed(dist_backend=backend)
-        else:
-            _init_single_process(backend)
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        if store is None and world_size == 1:
+            store = dist.HashStore()
+        if store is not None:
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+        deepspeed.init_distributed(dist_backend=backend)  # DeepSpeed's comm: on the group above, or torchrun's env://
     return dist.get_rank(), dist.get_world_size()
-
-
-def _init_single_process(backend: str, attempts: int = 3) -> None:
-    """A lone learner rendezvouses with itself on a fresh loopback port. Never a MASTER_PORT
-    inherited from a parent process (that port may still be held there), and another pick if
-    the port was taken between choosing and binding it."""
-    for attempt in range(attempts):
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(free_port())
-        try:
-            deepspeed.init_distributed(dist_backend=backend)
-            return
-        except dist.DistNetworkError:
-            if attempt == attempts - 1:
-                raise
 
 
 def deepspeed_config(cfg: LearnerConfig, world_size: int, compute_dtype: torch.dtype) -> dict:

@@ -2,8 +2,8 @@
 
 `start_learner` starts `learner.num_ranks` LearnerProcess actors that form one DeepSpeed
 process group. Building a rank joins that group, which blocks until every rank has joined, so
-construction takes two calls: rank 0 picks the rendezvous address on its own node, then every
-rank joins at once. The driver talks to rank 0 only (metrics, version, stop); the other ranks
+construction takes two calls: rank 0 hosts the rendezvous store on its own node's address, then
+every rank joins at once. The driver talks to rank 0 only (metrics, version, stop); the other ranks
 follow rank 0 and return from run() when it does.
 """
 
@@ -15,7 +15,9 @@ import threading
 import ray
 
 from slea.config import SleaConfig
-from slea.ports import free_port
+from slea.weight_group import host_store, join_store
+
+RENDEZVOUS_TIMEOUT_S = 600.0  # a rank's wait for the others at the rendezvous store
 
 
 @ray.remote(max_concurrency=4)
@@ -31,21 +33,25 @@ class LearnerProcess:
         use_assigned_cpus(phases_alternate=config["actors"]["synchronous"])  # synchronous: it trains while actors wait
         self.config, self.rank, self.world_size = config, rank, world_size
         self.learner = None  # built by join()
+        self._store = None  # rank 0's rendezvous store, hosted by rendezvous_address()
         self._metrics: list[dict] = []
         self._lock = threading.Lock()
         self.error: str | None = None
 
     def rendezvous_address(self) -> tuple[str, int]:
-        """(this node's IP, a free port on it): where the other ranks find rank 0."""
-        return ray.util.get_node_ip_address(), free_port("")
+        """(this node's IP, port) of the store rank 0 now hosts for the other ranks, listening on
+        that address only (127.0.0.1 on a local Ray: driver/local_ray.py)."""
+        self._store = host_store(ray.util.get_node_ip_address(), self.world_size, RENDEZVOUS_TIMEOUT_S)
+        return self._store.host, self._store.port
 
     def join(self, master_addr: str | None = None, master_port: int | None = None) -> None:
         """Build this rank's Learner; with several ranks, every rank must be inside join() at once."""
+        from learner.engine import init_distributed
         from learner.learner import Learner
 
         if self.world_size > 1:
-            # The variables torchrun would set (learner/engine.py init_distributed). LOCAL_RANK is 0:
-            # Ray shows each actor only its own GPUs (CUDA_VISIBLE_DEVICES).
+            # The variables torchrun would set, which DeepSpeed reads. LOCAL_RANK is 0: Ray shows
+            # each actor only its own GPUs (CUDA_VISIBLE_DEVICES).
             os.environ.update(
                 RANK=str(self.rank),
                 WORLD_SIZE=str(self.world_size),
@@ -53,6 +59,12 @@ class LearnerProcess:
                 MASTER_ADDR=master_addr,
                 MASTER_PORT=str(master_port),
             )
+            store = (
+                self._store
+                if self.rank == 0
+                else join_store(master_addr, master_port, self.world_size, RENDEZVOUS_TIMEOUT_S)
+            )
+            init_distributed(store)
         self.learner = Learner(SleaConfig.model_validate(self.config))
 
     def run(self) -> int:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import socket
 from datetime import timedelta
 
 import torch
@@ -165,8 +166,20 @@ def transfer_stream(device: torch.device) -> torch.cuda.Stream | None:
 
 
 def host_store(host: str, world_size: int, timeout_s: float) -> dist.TCPStore:
-    """Rank 0's store server on a free port (`store.port`); the others connect with `join_store`."""
-    return dist.TCPStore(host, 0, world_size, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    """Rank 0's store server on a free port of `host` only (`store.port`); the others connect with
+    `join_store`. A TCPStore given a port binds every interface, so it gets a socket bound here
+    instead: on one machine (host 127.0.0.1) nothing outside it can reach the store."""
+    listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    port = listener.getsockname()[1]
+    return dist.TCPStore(
+        host,
+        port,
+        world_size,
+        True,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+        master_listen_fd=listener.detach(),  # the store owns the socket from here
+    )
 
 
 def join_store(host: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:

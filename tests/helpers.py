@@ -127,6 +127,33 @@ def listening_addresses(port: int) -> set[str]:
     return found
 
 
+def listening_sockets(pid: int) -> set[tuple[str, int, str]]:
+    """(address, port, process name) of every TCP socket the process `pid` and its descendants
+    (a local Ray's GCS, raylet and workers descend from the driver that started it) listen on."""
+    root = psutil.Process(pid)
+    found = set()
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            found |= {
+                (conn.laddr.ip, conn.laddr.port, process.name())
+                for conn in process.net_connections(kind="tcp")
+                if conn.status == psutil.CONN_LISTEN
+            }
+        except (psutil.NoSuchProcess, psutil.AccessDenied):  # ended between the listing and the look
+            continue
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8 or ::1, also written IPv4-mapped (::ffff:127.0.0.1, as a dual-stack socket shows it)."""
+    import ipaddress
+
+    parsed = ipaddress.ip_address(address)
+    return parsed.is_loopback or (
+        parsed.version == 6 and parsed.ipv4_mapped is not None and parsed.ipv4_mapped.is_loopback
+    )
+
+
 def entry_key(entry_id: str) -> tuple[int, int]:
     """A stream entry id as a sortable (milliseconds, sequence) pair."""
     millis, seq = entry_id.split("-")

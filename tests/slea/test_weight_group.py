@@ -66,7 +66,7 @@ def test_a_receiver_that_never_joins_or_never_receives_costs_the_timeout_not_a_h
     with pytest.raises(Exception, match="timeout"):
         WeightGroup(host_store("127.0.0.1", 2, 2), 0, 2, "gloo", timeout_s=2)
     sender, receiver = _pair(timeout_s=2)
-    with pytest.raises(RuntimeError, match="timed out"):
+    with pytest.raises(RuntimeError, match="(?i)timed out"):  # torch says "timed out", gloo "Timed out"
         send_weights(sender, {"w": torch.zeros(4_000_000)}, plan_buckets({"w": torch.zeros(4_000_000)}))
     assert time.monotonic() - started < 15
     sender.close(), receiver.close()
@@ -99,7 +99,7 @@ def test_the_join_waits_for_every_rank_to_warm_up_and_times_out_without_it():
 def test_a_dropped_link_is_aborted_at_once_and_cpu_groups_have_no_stream():
     sender, receiver = _pair(timeout_s=2)
     assert sender.stream is None and receiver.stream is None  # a CUDA stream only for a GPU sender
-    with pytest.raises(RuntimeError, match="timed out"):
+    with pytest.raises(RuntimeError, match="(?i)timed out"):  # torch says "timed out", gloo "Timed out"
         send_weights(sender, {"w": torch.zeros(1000)}, plan_buckets({"w": torch.zeros(1000)}))
     started = time.monotonic()
     sender.close(abort=True)

@@ -1,0 +1,30 @@
+"""A Ray that slea starts on this machine listens on 127.0.0.1 only (issue 22, item 6).
+
+Ray binds its servers (the GCS, the raylet, each worker's gRPC port, the agents) to the node's
+address, and to every interface when that address is routable, which it is unless
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: the switch Ray itself flips on laptops
+(ray/_private/services.py get_node_ip_address), under which the node address is 127.0.0.1 and every
+server loopback-only. Nothing of a local run needs another machine (Serve's HTTP proxy, Redis and
+the metrics already bind 127.0.0.1 by default), so `slea train` and `slea bench` flip it for a Ray
+they start. Ray reads the switch when it is imported, so this runs before anything imports ray;
+a cluster (`ray.address` set) is joined with Ray's own node address, as before.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def keep_local_ray_on_loopback() -> None:
+    """Make the local Ray this process starts listen on 127.0.0.1 only; a no-op (with a note on
+    stderr) where ray is imported already, e.g. a test calling the driver in-process."""
+    if "ray" in sys.modules and os.environ.get(LOOPBACK_SWITCH) != "0":
+        print(
+            "slea: ray was imported before the local Ray could be kept on 127.0.0.1: it listens on every interface",
+            file=sys.stderr,
+        )
+        return
+    os.environ[LOOPBACK_SWITCH] = "0"
