@@ -33,6 +33,17 @@ def instructions(path: Path) -> list[tuple[str, str]]:
     return [(text.split(None, 1)[0].upper(), text.split(None, 1)[1] if " " in text else "") for text in joined]
 
 
+def stages(path: Path) -> list[list[tuple[str, str]]]:
+    """The instructions of each build stage (a FROM starts one), the runtime image's last."""
+    found: list[list[tuple[str, str]]] = []
+    for name, rest in instructions(path):
+        if name == "FROM":
+            found.append([])
+        if found:
+            found[-1].append((name, rest))
+    return found
+
+
 def build_args(path: Path) -> dict[str, str]:
     """ARG defaults (the last declaration wins, as after a FROM)."""
     args = {}
@@ -204,9 +215,10 @@ def test_image_layout_matches_the_manifests(flavour):
 STANDALONE_CONFIGS = {"gpu": REPO / "configs/gpu.yaml"}
 
 
-def _installed_apt_packages(flavour: str) -> set[str]:
+def _installed_apt_packages(flavour: str, stage: int = -1) -> set[str]:
+    """What apt installs in one build stage (the runtime image by default)."""
     packages = set()
-    for name, rest in instructions(DOCKERFILES[flavour]):
+    for name, rest in stages(DOCKERFILES[flavour])[stage]:
         if name == "RUN":
             for command in re.findall(r"apt-get install ([^&;]+)", rest):
                 packages |= {word for word in command.split() if not word.startswith("-")}
@@ -233,3 +245,44 @@ def test_the_run_directory_exists_and_belongs_to_the_run_user(flavour):
     assert re.search(rf'chown -R "\$\{{SLEA_UID\}}" [^&]*{re.escape(run_dir)}\b', made[0]), (
         f"{flavour}: {run_dir} is made but not given to the run user"
     )
+
+
+COMPILERS = {"g++", "gcc", "cmake", "make", "build-essential", "clang"}
+
+
+@pytest.mark.parametrize("flavour", DOCKERFILES)
+def test_the_runtime_image_has_no_compiler(flavour):
+    """Multi-stage: the source packages are built into wheels in a stage of their own, which the
+    runtime stage installs from a build-time mount; no compiler is in the image that runs."""
+    all_stages = stages(DOCKERFILES[flavour])
+    assert len(all_stages) >= 2, f"{flavour}: one stage: the compilers stay in the image"
+    assert COMPILERS & _installed_apt_packages(flavour, 0), f"{flavour}: the wheels stage builds nothing"
+    assert not COMPILERS & _installed_apt_packages(flavour), f"{flavour}: compilers in the runtime image"
+    runtime_installs = [rest for name, rest in all_stages[-1] if name == "RUN" and "-r /tmp/requirements.txt" in rest]
+    assert runtime_installs and all(
+        "--mount=type=bind,from=wheels" in rest and "--no-index --find-links /wheels" in rest
+        for rest in runtime_installs
+    ), f"{flavour}: the runtime stage must install the wheels stage's wheels, offline"
+
+
+@pytest.mark.parametrize("flavour", DOCKERFILES)
+def test_torch_comes_from_its_own_index_with_no_extra_index_beside_pypi(flavour):
+    """--extra-index-url lets pip take any package from either index (dependency confusion); the
+    CPU torch comes from its index by --index-url, alone, and everything else from PyPI."""
+    text = " ".join(rest for name, rest in instructions(DOCKERFILES[flavour]) if name == "RUN")
+    assert "--extra-index-url" not in text
+    if flavour == "cpu":
+        assert re.search(r'pip wheel [^&]*--index-url "\$\{TORCH_INDEX_URL\}"[^&]* torch ', text), (
+            "the CPU torch comes from TORCH_INDEX_URL by --index-url"
+        )
+        assert build_args(DOCKERFILES[flavour])["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+
+
+def test_the_gpu_model_is_baked_at_a_pinned_revision():
+    """A model repository's main branch moves; the image bakes one commit and points refs/main at
+    it, so the offline pods load exactly that commit by the name the config gives."""
+    args = build_args(DOCKERFILES["gpu"])
+    assert re.fullmatch(r"[0-9a-f]{40}", args["MODEL_REVISION"]), args["MODEL_REVISION"]
+    bake = [rest for name, rest in instructions(DOCKERFILES["gpu"]) if name == "RUN" and "snapshot_download" in rest]
+    assert len(bake) == 1
+    assert "revision='${MODEL_REVISION}'" in bake[0] and '> "${refs}/main"' in bake[0]
