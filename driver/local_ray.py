@@ -13,18 +13,12 @@ a cluster (`ray.address` set) is joined with Ray's own node address, as before.
 from __future__ import annotations
 
 import os
-import sys
 
 LOOPBACK_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def keep_local_ray_on_loopback() -> None:
-    """Make the local Ray this process starts listen on 127.0.0.1 only; a no-op (with a note on
-    stderr) where ray is imported already, e.g. a test calling the driver in-process."""
-    if "ray" in sys.modules and os.environ.get(LOOPBACK_SWITCH) != "0":
-        print(
-            "slea: ray was imported before the local Ray could be kept on 127.0.0.1: it listens on every interface",
-            file=sys.stderr,
-        )
-        return
+    """Make the local Ray this process starts listen on 127.0.0.1 only. Where ray is imported
+    already (a test calling the CLI in-process) Ray has read the switch, and its node keeps Ray's
+    default address."""
     os.environ[LOOPBACK_SWITCH] = "0"
