@@ -139,14 +139,16 @@ class VllmEngine(GenerationEngine):
         args, env = engine_arguments(engine_args, seed, on_cpu=current_platform.is_cpu())
         self._args = AsyncEngineArgs(model=checkpoint, dtype=dtype, worker_extension_cls=WORKER_EXTENSION, **args)
         # Started here, so a model vLLM cannot serve fails where the engine is made (the actor's
-        # constructor); it binds to an event loop on the first request, in whichever loop runs it.
+        # constructor). AsyncLLM binds its output handler to the loop of its first request and
+        # never starts another, so every call runs on the engine's own loop thread (_on_engine_loop):
+        # a caller's second asyncio.run (the evaluator's next evaluation) would wait forever.
         with environment(env):
             self._engine = AsyncLLM.from_engine_args(self._args)
         self._version = 0
         self._staged: tuple[dict, int] | None = None
         self._in_flight = 0
         self._receiving = False  # a collective weight transfer holds new requests back
-        self._idle = None  # asyncio.Condition, created lazily in the running loop
+        self._idle = None  # asyncio.Condition, created lazily in the engine's loop
         self._request_ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -175,6 +177,22 @@ class VllmEngine(GenerationEngine):
             skip_special_tokens=True,
         )
 
+    def _engine_loop(self) -> asyncio.AbstractEventLoop:
+        """The one event loop the engine lives in, on a thread of its own, started on first use."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+            self._loop_thread.start()
+        return self._loop
+
+    async def _on_engine_loop(self, coroutine):
+        """Await `coroutine` run on the engine's loop, from whichever loop the caller runs in
+        (cancelling the caller cancels it there too)."""
+        loop = self._engine_loop()
+        if asyncio.get_running_loop() is loop:
+            return await coroutine
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, loop))
+
     async def _ready(self) -> None:
         if self._engine is None:
             raise RuntimeError("the vLLM engine is closed")
@@ -182,6 +200,9 @@ class VllmEngine(GenerationEngine):
             self._idle = asyncio.Condition()
 
     async def generate(self, prompt_ids: list[int]) -> Generation:
+        return await self._on_engine_loop(self._generate(prompt_ids))
+
+    async def _generate(self, prompt_ids: list[int]) -> Generation:
         from vllm.inputs import TokensPrompt
 
         await self._ready()
@@ -238,8 +259,11 @@ class VllmEngine(GenerationEngine):
         self._version = version
 
     async def reset_prefix_cache(self) -> None:
-        await self._ready()
-        await self._reset_prefix_cache()
+        async def reset():
+            await self._ready()
+            await self._reset_prefix_cache()
+
+        await self._on_engine_loop(reset())
 
     async def _reset_prefix_cache(self) -> None:
         """Drop every cached KV block. vLLM refuses (returns False, keeps the blocks of the old
@@ -257,14 +281,21 @@ class VllmEngine(GenerationEngine):
     async def join_weight_group(self, host: str, port: int, world_size: int, backend: str, timeout_s: float) -> dict:
         """Every worker joins the learner's weight group (rank 0 is the learner); returns the
         model dtype the learner should send."""
-        await self._ready()
-        replies = await self._engine.collective_rpc(
-            "slea_init_weight_group", args=(host, port, world_size, backend, timeout_s)
-        )
+
+        async def join():
+            await self._ready()
+            return await self._engine.collective_rpc(
+                "slea_init_weight_group", args=(host, port, world_size, backend, timeout_s)
+            )
+
+        replies = await self._on_engine_loop(join())
         return {"dtype": replies[0]["dtype"], "ranks": sorted(reply["rank"] for reply in replies)}
 
     async def receive_weights(self, plan: list[dict], version: int) -> None:
         """Take version `version` broadcast by the learner on the weight group, between generations."""
+        await self._on_engine_loop(self._receive_weights(plan, version))
+
+    async def _receive_weights(self, plan: list[dict], version: int) -> None:
         await self._ready()
         async with self._idle:
             self._receiving = True
@@ -281,19 +312,15 @@ class VllmEngine(GenerationEngine):
 
     async def leave_weight_group(self) -> None:
         if self._engine is not None:
-            await self._engine.collective_rpc("slea_close_weight_group")
+            await self._on_engine_loop(self._engine.collective_rpc("slea_close_weight_group"))
 
     def generate_batch(self, prompts: list[list[int]]) -> list[Generation]:
         """Synchronous form for benchmarks and evaluation: runs on the engine's own loop thread."""
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-            self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-            self._loop_thread.start()
 
         async def run_all():
-            return await asyncio.gather(*(self.generate(prompt) for prompt in prompts))
+            return await asyncio.gather(*(self._generate(prompt) for prompt in prompts))
 
-        return asyncio.run_coroutine_threadsafe(run_all(), self._loop).result()
+        return asyncio.run_coroutine_threadsafe(run_all(), self._engine_loop()).result()
 
     def close(self) -> None:
         if self._engine is not None:

@@ -50,7 +50,9 @@ def main(checkpoint: str, out: str) -> None:
         after = await cached_tokens(cached)
         return {"before": before, "after": after, "error": error}
 
-    result = asyncio.run(scenario())
+    # On the engine's own loop, where its public calls run: AsyncLLM, used directly here, serves
+    # only the loop of its first request.
+    result = asyncio.run_coroutine_threadsafe(scenario(), engine._engine_loop()).result()
     engine.close()
     Path(out).write_text(json.dumps(result))
 

@@ -48,10 +48,17 @@ def main(checkpoint: str, new_weights: str, out: str, temperature: str = "1.0") 
 
     engine, prompts = probe_engine(checkpoint, float(temperature))
 
+    async def generate_all():
+        return await asyncio.gather(*(engine.generate(list(p)) for p in prompts))
+
+    first = asyncio.run(generate_all())
+
     async def scenario():
-        first = await asyncio.gather(*(engine.generate(list(p)) for p in prompts))
+        # A second event loop, as the in-run evaluator's next evaluation runs in: vLLM's AsyncLLM
+        # stays bound to the loop of its first request, and this waited forever before the engine
+        # ran every call on a loop of its own.
         engine.update_weights(load_file(new_weights), version=3)
-        second = await asyncio.gather(*(engine.generate(list(p)) for p in prompts))
+        second = await generate_all()
         # vLLM itself would skip an unknown name ending in .bias and only warn about the norm it never got.
         renamed = load_file(new_weights)
         renamed["model.norm.bias"] = renamed.pop("model.norm.weight")
@@ -61,9 +68,9 @@ def main(checkpoint: str, new_weights: str, out: str, temperature: str = "1.0") 
         except ValueError as exc:
             refused = str(exc)
         await engine.generate(list(prompts[0]))  # still generates, with version 3
-        return first, second, refused, engine.policy_version
+        return second, refused, engine.policy_version
 
-    first, second, refused, version = asyncio.run(scenario())
+    second, refused, version = asyncio.run(scenario())
     Path(out).write_text(
         json.dumps(
             {
