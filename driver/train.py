@@ -8,7 +8,8 @@ metrics into the run directory, and draws the progress display. Actors never wai
 learner and the learner never waits for a rollout phase; they meet in the stream and the weight
 registry.
 
-Stopping: the learner finishing `learner.max_steps`, or Ctrl-C / SIGTERM, stops the actors from
+Stopping: the learner finishing `learner.max_steps` (or its step when `run.max_seconds` has
+passed), or Ctrl-C / SIGTERM, stops the actors from
 starting groups (their half episodes are marked abandoned), lets the learner checkpoint and the
 library snapshot, then stops Serve, Ray and the embedded Redis. A second Ctrl-C exits at once.
 """
@@ -19,6 +20,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 
 import ray
@@ -192,6 +194,8 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
             evals=evals,
             live=live,
         )
+        stop_at = None if config.run.max_seconds is None else time.monotonic() + config.run.max_seconds
+        time_is_up = False
         with live or contextlib.nullcontext():
             while True:
                 # A dead learner or library writer is restarted here (driver/supervision.py).
@@ -201,6 +205,13 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
                 watch.step()
                 if finished:
                     break
+                if stop_at is not None and time.monotonic() >= stop_at:
+                    console.note(
+                        f"run.max_seconds ({config.run.max_seconds:g} s) reached: the learner stops after its step"
+                    )
+                    stop_at, time_is_up = None, True
+                if time_is_up:
+                    learner.call("stop")  # every poll from here: a learner restarted after the limit stops too
         summaries, stats = watch.summaries, watch.stats
         if evals is not None:  # the last policy's point: actors stop first, so it gets the CPUs
             summaries = pool.stop() or summaries

@@ -64,6 +64,11 @@ class RunConfig(_Section):
         ge=0,
         description="Restarts of a dead learner or library writer, both together, before the run stops (actor workers restart without limit).",
     )
+    max_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="Stop training after this many seconds, counted from the actors' start: the learner finishes its step and checkpoints, as at learner.max_steps (null: no time limit).",
+    )
 
     @field_validator("id")
     @classmethod

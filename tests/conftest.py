@@ -58,6 +58,17 @@ def redis_client(redis_url) -> redis.Redis:
     client.close()
 
 
+@pytest.fixture
+def cluster():
+    """A Ray cluster of the test's own, with token authentication as on KubeRay (tests/helpers.py
+    TaggedRay: `cluster.start_head(...)` starts it); its processes, and only they, go at the end."""
+    from helpers import token_ray
+
+    ray_cluster = token_ray()
+    yield ray_cluster
+    ray_cluster.close()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A checkpoint directory of the tiny test policy (loadable by name like any model)."""

@@ -25,7 +25,6 @@ from helpers import (
     lineage,
     output_tail,
     start_train,
-    token_ray,
     trained_trace,
 )
 
@@ -38,13 +37,6 @@ from slea.streams import PAYLOAD_FIELD
 pytestmark = pytest.mark.slow
 SLEA = [sys.executable, "-m", "driver.cli"]
 CHECKPOINT_EVERY = 3  # the cluster goes between two checkpoints: a step or two are lost and redone
-
-
-@pytest.fixture
-def cluster():
-    ray_cluster = token_ray()
-    yield ray_cluster
-    ray_cluster.close()
 
 
 def start_cluster(cluster: TaggedRay) -> str:

@@ -12,19 +12,12 @@ import signal
 import time
 
 import pytest
-from helpers import broken_run, output_tail, start_train, token_ray, trained_trace
+from helpers import broken_run, output_tail, start_train, trained_trace
 
 from library.persistence import latest_snapshot
 from slea.embedded_redis import EmbeddedRedis
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def cluster():
-    ray_cluster = token_ray()
-    yield ray_cluster
-    ray_cluster.close()
 
 
 @pytest.fixture
