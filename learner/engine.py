@@ -1,8 +1,9 @@
 """The DeepSpeed policy trainer: PPO mini-batch updates per learner batch, micro-batched by tokens.
 
 One process on one machine needs no launcher: `init_distributed` forms a group of one on an
-in-process store. With several ranks (torchrun, or Ray actors meeting on rank 0's store), every rank receives the whole batch and trains its share of each mini-batch's
-micro-batches; DeepSpeed averages the gradients.
+in-process store. With several ranks (torchrun, or Ray actors meeting on rank 0's store), every
+rank receives the whole batch and trains its share of each mini-batch's micro-batches; DeepSpeed
+averages the gradients.
 
 One learner batch is `learner.ppo_epochs` passes over `learner.mini_batches` mini-batches, one
 optimizer step each, as PPO trains (verl's ppo_mini_batch_size / ppo_epochs, OpenRLHF's
