@@ -22,6 +22,7 @@ import torch
 from ray._private.services import get_node_ip_address
 from ray.cluster_utils import AutoscalingCluster
 
+from driver.local_ray import LOOPBACK_SWITCH
 from slea.ports import free_port
 from slea.records import decode
 from slea.streams import PAYLOAD_FIELD
@@ -321,6 +322,10 @@ class TaggedRay:
         self.marker = f"slea-test-{uuid.uuid4().hex}"
         bin_dir = os.path.dirname(sys.executable)  # the venv's `ray`, for `ray start` and its workers
         base = dict(os.environ if env is None else env)
+        # A cluster stands for one of many machines: it takes Ray's own node address, the one this
+        # process's Ray computes for `address`, never the loopback switch a `slea train` called
+        # in-process leaves in os.environ (driver/local_ray.py).
+        base.pop(LOOPBACK_SWITCH, None)
         self.env = {**base, "PATH": f"{bin_dir}{os.pathsep}{base.get('PATH', '')}", "SLEA_TEST_CLUSTER": self.marker}
         self.roots: list[str] = []  # one per cluster started: RAY_TMPDIR for a driver joining it by "auto"
         self.address: str | None = None

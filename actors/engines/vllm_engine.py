@@ -138,20 +138,31 @@ class VllmEngine(GenerationEngine):
         engine_args = dict(engine_args or {})
         args, env = engine_arguments(engine_args, seed, on_cpu=current_platform.is_cpu())
         self._args = AsyncEngineArgs(model=checkpoint, dtype=dtype, worker_extension_cls=WORKER_EXTENSION, **args)
-        # Started here, so a model vLLM cannot serve fails where the engine is made (the actor's
-        # constructor). AsyncLLM binds its output handler to the loop of its first request and
-        # never starts another, so every call runs on the engine's own loop thread (_on_engine_loop):
-        # a caller's second asyncio.run (the evaluator's next evaluation) would wait forever.
-        with environment(env):
-            self._engine = AsyncLLM.from_engine_args(self._args)
+        # The engine lives in one event loop of its own, on a thread of its own, and every call runs
+        # there (_on_engine_loop). AsyncLLM binds its output queue and handler to the loop it is made
+        # in, or else to its first request's, and never moves: a caller's second asyncio.run (the
+        # evaluator's next evaluation) would wait forever, and so would every request when it was
+        # made inside a running loop (a Ray async actor's) and asked from this one. So it is made in
+        # this loop too, here, so that a model vLLM cannot serve fails where the engine is made.
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
+        self._loop_thread.start()
+
+        async def start():
+            with environment(env):
+                return AsyncLLM.from_engine_args(self._args)
+
+        try:
+            self._engine = asyncio.run_coroutine_threadsafe(start(), self._loop).result()
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            raise
         self._version = 0
         self._staged: tuple[dict, int] | None = None
         self._in_flight = 0
         self._receiving = False  # a collective weight transfer holds new requests back
         self._idle = None  # asyncio.Condition, created lazily in the engine's loop
         self._request_ids = itertools.count()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: threading.Thread | None = None
 
     @classmethod
     def from_name(
@@ -177,21 +188,15 @@ class VllmEngine(GenerationEngine):
             skip_special_tokens=True,
         )
 
-    def _engine_loop(self) -> asyncio.AbstractEventLoop:
-        """The one event loop the engine lives in, on a thread of its own, started on first use."""
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-            self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-            self._loop_thread.start()
-        return self._loop
-
     async def _on_engine_loop(self, coroutine):
         """Await `coroutine` run on the engine's loop, from whichever loop the caller runs in
         (cancelling the caller cancels it there too)."""
-        loop = self._engine_loop()
-        if asyncio.get_running_loop() is loop:
+        if self._loop is None:
+            coroutine.close()
+            raise RuntimeError("the vLLM engine is closed")
+        if asyncio.get_running_loop() is self._loop:
             return await coroutine
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, loop))
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self._loop))
 
     async def _ready(self) -> None:
         if self._engine is None:
@@ -317,15 +322,22 @@ class VllmEngine(GenerationEngine):
     def generate_batch(self, prompts: list[list[int]]) -> list[Generation]:
         """Synchronous form for benchmarks and evaluation: runs on the engine's own loop thread."""
 
+        if self._loop is None:
+            raise RuntimeError("the vLLM engine is closed")
+
         async def run_all():
             return await asyncio.gather(*(self._generate(prompt) for prompt in prompts))
 
-        return asyncio.run_coroutine_threadsafe(run_all(), self._engine_loop()).result()
+        return asyncio.run_coroutine_threadsafe(run_all(), self._loop).result()
 
     def close(self) -> None:
         if self._engine is not None:
-            self._engine.shutdown()
-            self._engine = None
+            engine, self._engine = self._engine, None
+
+            async def shutdown():  # in the engine's loop: it cancels the output handler's task there
+                engine.shutdown()
+
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result()
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop = None

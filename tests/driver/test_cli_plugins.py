@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from driver.cli import _plugin_overrides, build_parser, main
+from driver.local_ray import LOOPBACK_SWITCH
 from driver.run_outputs import read_metrics
 from slea.config import load_config
 
@@ -63,6 +64,9 @@ def test_a_plugin_with_an_env_flag_from_another_directory(tmp_path):
 )
 def test_a_bad_plugin_is_one_line_and_exit_2(command, message, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
+    # `train` sets the loopback switch for the Ray it would start; monkeypatch puts it back after the
+    # test, so later tests' clusters take Ray's own node address
+    monkeypatch.setenv(LOOPBACK_SWITCH, "1")
     assert main(command) == 2  # train and eval fail here, before Redis, Ray or a model start
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err

@@ -51,8 +51,8 @@ def main(checkpoint: str, out: str) -> None:
         return {"before": before, "after": after, "error": error}
 
     # On the engine's own loop, where its public calls run: AsyncLLM, used directly here, serves
-    # only the loop of its first request.
-    result = asyncio.run_coroutine_threadsafe(scenario(), engine._engine_loop()).result()
+    # only the loop it was made in.
+    result = asyncio.run_coroutine_threadsafe(scenario(), engine._loop).result()
     engine.close()
     Path(out).write_text(json.dumps(result))
 

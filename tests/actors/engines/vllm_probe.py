@@ -46,19 +46,24 @@ def generation_json(generation) -> dict:
 def main(checkpoint: str, new_weights: str, out: str, temperature: str = "1.0") -> None:
     from safetensors.torch import load_file
 
-    engine, prompts = probe_engine(checkpoint, float(temperature))
-
-    async def generate_all():
+    async def generate_all(engine, prompts):
         return await asyncio.gather(*(engine.generate(list(p)) for p in prompts))
 
-    first = asyncio.run(generate_all())
+    async def made_in_a_running_loop():
+        # As a Ray async actor makes it (its __init__ runs in the actor's loop), asked from that loop:
+        # vLLM's AsyncLLM made in a running loop binds its output handler there at once, and every
+        # request waited forever when the engine ran its calls in a loop of its own but was made here.
+        engine, prompts = probe_engine(checkpoint, float(temperature))
+        return engine, prompts, await generate_all(engine, prompts)
+
+    engine, prompts, first = asyncio.run(made_in_a_running_loop())
 
     async def scenario():
         # A second event loop, as the in-run evaluator's next evaluation runs in: vLLM's AsyncLLM
         # stays bound to the loop of its first request, and this waited forever before the engine
         # ran every call on a loop of its own.
         engine.update_weights(load_file(new_weights), version=3)
-        second = await generate_all()
+        second = await generate_all(engine, prompts)
         # vLLM itself would skip an unknown name ending in .bias and only warn about the norm it never got.
         renamed = load_file(new_weights)
         renamed["model.norm.bias"] = renamed.pop("model.norm.weight")
