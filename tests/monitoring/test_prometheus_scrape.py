@@ -198,10 +198,13 @@ def test_the_serve_alerts_see_the_actors_handle_traffic(prometheus, tmp_path):
         )
         assert {sample["metric"]["exception_type"] for sample in errors} == {"LibraryNotPublished", "RuntimeError"}
         assert query(api, 'ray_serve_deployment_processing_latency_ms_bucket{application="slea-library"}')
-        # the alert's own expression, over the last 30 s of rounds: 2 of every 9 calls failed
+        # The alert's own expression over the last 30 s of rounds: 2 of every 9 calls failed. A window
+        # cuts the rounds at its edges (the counters are sampled mid-round), so the share is near
+        # 2/9 (0.22), not at it (2/11 in one run); the bounds exclude what a wrong expression gives:
+        # 5/9 counting LibraryNotPublished, 2/6 leaving those calls out of the total too, 0.
         over_30s = handle_share.replace("[5m]", "[30s]")
         share = wait_for(lambda: query(api, over_30s.rsplit(">", 1)[0]), 60, "the alert's error share")
-        assert float(share[0]["value"][1]) == pytest.approx(2 / 9, rel=0.15)
+        assert 0.15 < float(share[0]["value"][1]) < 0.29
         assert query(api, over_30s), "over 5%: the alert's condition holds"
     finally:
         component.kill()
