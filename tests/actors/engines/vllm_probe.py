@@ -1,6 +1,7 @@
 """Run by the vLLM engine tests in a subprocess (an interpreter with vllm): drive VllmEngine on a
-checkpoint, swap in other weights, then offer weights with a renamed key, and write what was
-generated (and how the renamed key was refused) as JSON for the test to check.
+checkpoint, swap in other weights, then offer weights with a renamed key, then reset the prefix
+cache while a request generates (vllm_prefix_cache_probe.py), and write what was generated, how the
+renamed key was refused and what the reset left cached as JSON for the tests to check.
 
 usage: python vllm_probe.py CHECKPOINT_DIR NEW_WEIGHTS.safetensors OUT.json [TEMPERATURE]
 """
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from vllm_prefix_cache_probe import prefix_cache_reset  # noqa: E402  (beside this file, on sys.path[0])
 
 
 def probe_engine(checkpoint: str, temperature: float = 1.0):
@@ -76,6 +78,7 @@ def main(checkpoint: str, new_weights: str, out: str, temperature: str = "1.0") 
         return second, refused, engine.policy_version
 
     second, refused, version = asyncio.run(scenario())
+    prefix_cache = prefix_cache_reset(engine)  # on the same engine: one vLLM start-up for the module
     Path(out).write_text(
         json.dumps(
             {
@@ -83,6 +86,7 @@ def main(checkpoint: str, new_weights: str, out: str, temperature: str = "1.0") 
                 "after": [generation_json(g) for g in second],
                 "refused": refused,
                 "version_after_refusal": version,
+                "prefix_cache": prefix_cache,
             }
         )
     )
