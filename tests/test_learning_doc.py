@@ -1,5 +1,6 @@
 """docs/learning.md cites only runs that are in the repository: each run it names under
-docs/learning/runs/ is committed there with what `slea compare --by-preset` reads."""
+docs/learning/runs/ (the study) or docs/learning/superseded/ (runs of a config since changed) is
+committed there with what `slea compare --by-preset` reads."""
 
 import re
 from pathlib import Path
@@ -9,21 +10,24 @@ KEPT = ("config.yaml", "metrics.jsonl", "episodes.jsonl", "comparison-done")
 
 
 def cited_runs(text: str) -> set[str]:
-    """Run ids in `docs/learning/runs/<id>` paths (not placeholders such as <id> or a glob)."""
-    return {match for match in re.findall(r"docs/learning/runs/([A-Za-z0-9_.+-]+)", text)}
+    """`runs/<id>` or `superseded/<id>` of docs/learning/ paths (not placeholders such as <id> or a glob)."""
+    return set(re.findall(r"docs/learning/((?:runs|superseded)/[A-Za-z0-9_.+-]+)", text))
 
 
 def test_cited_runs_are_found_in_paths_not_in_placeholders():
-    text = "see docs/learning/runs/tw-slea-s0/ and docs/learning/runs/<id>/ and `docs/learning/runs/*/`"
-    assert cited_runs(text) == {"tw-slea-s0"}
+    text = (
+        "see docs/learning/runs/tw-slea-s0/ and docs/learning/runs/<id>/ and `docs/learning/runs/*/`"
+        " and docs/learning/superseded/tw-slea-s0-lr2e-5/"
+    )
+    assert cited_runs(text) == {"runs/tw-slea-s0", "superseded/tw-slea-s0-lr2e-5"}
 
 
 def test_every_run_the_learning_doc_cites_is_kept_in_the_repository():
-    kept = REPO / "docs" / "learning" / "runs"
+    learning = REPO / "docs" / "learning"
     for doc in (REPO / "docs" / "learning.md", REPO / "README.md"):
-        for run_id in cited_runs(doc.read_text()):
-            missing = [name for name in KEPT if not (kept / run_id / name).is_file()]
-            assert not missing, f"{doc.name} cites run {run_id}, but docs/learning/runs/{run_id}/ lacks {missing}"
+        for run in cited_runs(doc.read_text()):
+            missing = [name for name in KEPT if not (learning / run / name).is_file()]
+            assert not missing, f"{doc.name} cites run {run}, but docs/learning/{run}/ lacks {missing}"
 
 
 def test_the_kept_runs_are_not_ignored_by_git():
