@@ -3,8 +3,9 @@
 `pytest -m "not slow" -n auto` is the unit tier (the inner loop, on every core); plain `pytest`
 runs everything, except that tests marked `gpu` (tests/gpu) are deselected where CUDA is absent
 (`pytest -m gpu` on a GPU machine, or scripts/gpu_check.sh, runs that tier): a GPU is a kind of
-machine, not a tool to install, and under CI a skip fails the run. A test is slow when it starts Ray, Ray Serve or DeepSpeed, loads a model (SmolLM2, the tiny test model,
-the MiniLM embedder) or runs a command that does. A test that uses one of HEAVY_FIXTURES (itself
+machine, not a tool to install, and under CI a skip fails the run. A test is slow when it starts
+Ray, Ray Serve or DeepSpeed, loads a model (SmolLM2, the tiny test model, the MiniLM embedder) or
+runs a command that does. A test that uses one of HEAVY_FIXTURES (itself
 or through another fixture) is marked here; a test that does the heavy thing itself carries the
 mark (`pytestmark = pytest.mark.slow` for a whole module, else `@pytest.mark.slow`); one that starts
 Ray without it fails, so the unit tier stays fast as tests are added.
@@ -95,15 +96,16 @@ HEAVY_FIXTURES = frozenset({"tiny_model_dir", "policy_tokenizer", "ray_cluster",
 
 def pytest_collection_modifyitems(config, items):
     gpu_items = []
+    # Under `pytest -n` (pyproject's --dist loadgroup) the slow tests run one at a time on one worker:
+    # two learners or whole runs at once outgrow a small machine's memory.
+    serialise_slow = config.pluginmanager.hasplugin("xdist")
     for item in items:
         if HEAVY_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(pytest.mark.slow)  # a GPU test loads models and engines: never in the unit tier
             gpu_items.append(item)
-        if item.get_closest_marker("slow") is not None and config.pluginmanager.hasplugin("xdist"):
-            # Under `pytest -n` (pyproject's --dist loadgroup) the slow tests run one at a time on one
-            # worker: two Ray clusters, learners or whole runs at once outgrow a small machine's memory.
+        if serialise_slow and item.get_closest_marker("slow") is not None:
             item.add_marker(pytest.mark.xdist_group("slow"))
     if gpu_items:
         import torch  # only when a GPU test was collected: the unit tier does not pay for it
