@@ -104,6 +104,16 @@ def show_library(run_dir: str | Path, top: int = 3) -> str:
     return describe_snapshot(path.read_text(), f"library of {run_dir} (snapshot {path.name})", top)
 
 
+def utility_label(item: dict) -> str:
+    """An item's EDGE utility with the A/B sample behind it. Only A/B groups (`run.edge`) move a
+    utility, so without them every item would read "utility +0.00", which looks like a measured
+    zero; it reads "no A/B evidence" instead."""
+    compared = item.get("compared", 0)
+    if compared == 0:
+        return "utility - (no A/B evidence)"
+    return f"utility {item['utility']:+.2f} over {compared} A/B"
+
+
 def describe_snapshot(text: str, title: str, top: int = 3) -> str:
     """A snapshot's version, clusters, zones and levels with their best `top` items and the
     episodes each was distilled from, under `title`."""
@@ -128,7 +138,7 @@ def describe_snapshot(text: str, title: str, top: int = 3) -> str:
             lines.append(f"  {level}: {len(items)}")
             for item in items[:top]:
                 lines.append(
-                    f"    [{item['id']}] score {item['score']:.2f} utility {item['utility']:+.2f} "
+                    f"    [{item['id']}] score {item['score']:.2f} {utility_label(item)} "
                     f"used {item['usage']}x  {item['text'][:100]}"
                 )
                 lines.append(f"      from episodes: {', '.join(item['source_episode_ids']) or '(none recorded)'}")

@@ -7,7 +7,14 @@ from library_helpers import candidate, library_config
 
 from library.admission import Evidence
 from library.experience import STRATEGY, WARNING
-from library.persistence import latest_snapshot, load_snapshot_text, show_library, snapshot_text, write_snapshot
+from library.persistence import (
+    latest_snapshot,
+    load_snapshot_text,
+    show_library,
+    snapshot_text,
+    utility_label,
+    write_snapshot,
+)
 from library.retrieval import retrieve_batch
 from library.state import Library
 
@@ -75,3 +82,11 @@ def test_show_library(embedder, policy_tokenizer, tmp_path):
         and "warning zone: 0 items" in shown
     )
     assert "      from episodes: ep" in shown  # the episode the item was distilled from
+    assert "utility - (no A/B evidence)" in shown  # no A/B group has compared it
+
+
+def test_utility_label_names_the_ab_sample_behind_a_utility():
+    assert utility_label({"utility": -0.1, "compared": 2}) == "utility -0.10 over 2 A/B"
+    # unmoved: a run without A/B groups (every preset but run.edge) never compares an item
+    assert utility_label({"utility": 0.0, "compared": 0}) == "utility - (no A/B evidence)"
+    assert utility_label({"utility": 0.0}) == "utility - (no A/B evidence)"  # a snapshot from before `compared`
