@@ -43,7 +43,7 @@ for arm in ${arms}; do
   echo "learning_comparison: ${id} took $(( $(date +%s) - started )) s on $(nproc) cores" | tee "runs/${id}/comparison-done"
   mkdir -p "${kept_root}/${id}"
   cp "runs/${id}/config.yaml" "runs/${id}/comparison-done" "${kept_root}/${id}/"
-  grep -E '"(eval|library)/' "runs/${id}/metrics.jsonl" > "${kept_root}/${id}/metrics.jsonl"
+  grep -E '"(eval|library|learner)/' "runs/${id}/metrics.jsonl" > "${kept_root}/${id}/metrics.jsonl"
   (cd "runs/${id}" && find eval -name library.md -exec cp --parents {} "../../${kept_root}/${id}/" \;)
   .venv/bin/python -c "import sys; from pathlib import Path; from driver.study import keep_episodes; \
 keep_episodes(Path(sys.argv[1]), Path(sys.argv[2]))" "runs/${id}" "${kept_root}/${id}"
