@@ -5,6 +5,10 @@ committed there with what `slea compare --by-preset` reads."""
 import re
 from pathlib import Path
 
+import yaml
+
+from driver.run_outputs import read_metrics
+
 REPO = Path(__file__).resolve().parents[1]
 KEPT = ("config.yaml", "metrics.jsonl", "episodes.jsonl", "comparison-done")
 
@@ -47,13 +51,10 @@ def test_every_kept_run_keeps_its_learner_lines():
     """The doc's diagnosis of a run (KL, entropy, clip fraction, training success per update) is
     read from the learner's lines: a kept run holds one for each of its updates. A GRPO run's
     lines carry no library keys, so keeping only eval and library lines once dropped them all."""
-    import json
-
-    import yaml
-
     for run in sorted((REPO / "docs" / "learning").glob("*/*/comparison-done")):
         run_dir = run.parent
         updates = yaml.safe_load((run_dir / "config.yaml").read_text())["learner"]["max_steps"]
-        lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        trained = sorted({line["learner/learner_step"] for line in lines if "learner/learner_step" in line})
+        trained = sorted(
+            line["learner/learner_step"] for line in read_metrics(run_dir) if "learner/learner_step" in line
+        )
         assert trained == list(range(1, updates + 1)), f"{run_dir.name} keeps learner lines of steps {trained}"
