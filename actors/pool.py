@@ -13,6 +13,8 @@ import time
 
 import ray
 
+from actors.inflight import abandon_inflight
+from slea.channels import inflight_pattern
 from slea.config import SleaConfig
 from slea.redis_conn import connect
 from slea.streams import StreamProducer
@@ -126,6 +128,27 @@ class ActorPool:
         self._answering: set[int] = set()  # workers whose latest call was answered: placed, up, not restarting
         self._retiring: dict[int, tuple[ray.actor.ActorHandle, ray.ObjectRef, float]] = {}  # handle, stop(), deadline
         self._producer = None  # StreamProducer for the abandon markers of killed workers, made when first needed
+        self._abandon_earlier_workers()
+
+    def _abandon_earlier_workers(self) -> None:
+        """Mark abandoned what every earlier worker of this run left listed in flight. A resumed run
+        numbers its workers from 0 again, so a worker of the earlier driver with a higher index (the
+        pool numbers new workers on after a scale-down) has no successor to do it; until marked, its
+        groups would count against the pool's staleness admission (actors/admission.py) for ever."""
+        producer = self._stream_producer()
+        for key in producer.client.scan_iter(match=inflight_pattern(self.config.run.id)):
+            index = int(key.decode().rsplit(":", 1)[1])
+            abandon_inflight(producer.client, producer, self.config.run.id, index)
+
+    def _stream_producer(self) -> StreamProducer:
+        """The pool's own producer, for abandon markers (made when first needed)."""
+        if self._producer is None:
+            self._producer = StreamProducer(
+                connect(self.config.redis, self.redis_url),
+                self.config.stream_key(),
+                reconnect_max_s=self.config.redis.reconnect_max_s,
+            )
+        return self._producer
 
     def _options(self) -> dict:
         actors = self.config.actors
@@ -168,16 +191,9 @@ class ActorPool:
 
     def _kill(self, index: int, worker: ray.actor.ActorHandle) -> None:
         """Kill a worker that did not stop by itself and mark what it had in flight abandoned."""
-        from actors.worker import abandon_inflight  # the worker module imports the envs: only when needed
-
         ray.kill(worker, no_restart=True)
-        if self._producer is None:
-            self._producer = StreamProducer(
-                connect(self.config.redis, self.redis_url),
-                self.config.stream_key(),
-                reconnect_max_s=self.config.redis.reconnect_max_s,
-            )
-        abandon_inflight(self._producer.client, self._producer, self.config.run.id, index)
+        producer = self._stream_producer()
+        abandon_inflight(producer.client, producer, self.config.run.id, index)
 
     def _ask(self, method: str, timeout_s: float, issue: bool = True) -> list[tuple[int, object]]:
         """(worker index, answer) pairs: first the answers to earlier questions that have come in, then

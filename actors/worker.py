@@ -2,10 +2,12 @@
 
 The worker launches task groups (the same task G times, optionally A/B and budget-mixed with
 one budget per group), plays their episodes as asyncio tasks sharing one batched engine and one
-batched retrieval client, and XADDs every step as it happens. It does not start new groups while
-its weights are more than `max_staleness` versions behind the learner, or while the learner's
-stream lag is over `redis.max_lag`; it never waits for an update to finish (except in
-`actors.synchronous` mode, the no-overlap baseline that `slea bench async` compares against).
+batched retrieval client, and XADDs every step as it happens. It does not start a new group while
+its weights are more than `max_staleness` versions behind the learner, while the learner's stream
+lag is over `redis.max_lag`, or when the learner would train the group more than `max_staleness`
+versions later (the pool's staleness admission, actors/admission.py); it never waits for an update
+to finish (except in `actors.synchronous` mode, the no-overlap baseline that `slea bench async`
+compares against).
 
 Every episode in flight is listed in a Redis hash, so a worker that is restarted (or removed
 from the pool) leaves no half episode that could pass for a complete one: its successor writes
@@ -23,11 +25,13 @@ from dataclasses import dataclass, field
 import msgpack
 import redis
 
+from actors.admission import claim_group, outstanding_limit
 from actors.engines.base import GenerationEngine
 from actors.envs.base import EnvTask, TextEnv
 from actors.envs.registry import make_env
 from actors.envs.tasks import TaskSampler, panel_tasks
 from actors.episode import EpisodeResult, EpisodeSpec, StepTimers, play_episode
+from actors.inflight import abandon_inflight
 from actors.prompts import PromptBuilder
 from actors.retrieval_client import RetrievalClient
 from monitoring.metrics import metric
@@ -55,34 +59,6 @@ class WorkerStats:
     # wall seconds with at least one group in play (generation, env steps, prompts; `slea bench async`)
     busy_s: float = 0.0
     timers: StepTimers = field(default_factory=StepTimers)
-
-
-def abandon_marker(fields: dict, run_id: str) -> StepRecord:
-    """The record that tells consumers an episode will never complete."""
-    return StepRecord(
-        run_id=run_id,
-        task_id=fields["task_id"],
-        task_type=fields["task_type"],
-        env_name=fields["env_name"],
-        group_id=fields["group_id"],
-        episode_id=fields["episode_id"],
-        step=-1,
-        anchor_obs="",
-        done=True,
-        abandoned=True,
-    )
-
-
-def abandon_inflight(client: redis.Redis, producer: StreamProducer, run_id: str, worker_index: int) -> list[StepRecord]:
-    """Mark every episode a worker lists in flight abandoned and clear its list; returns the markers.
-    The worker's successor calls it, and so does the pool for a worker it had to kill."""
-    key = inflight_key(run_id, worker_index)
-    listed = client.hgetall(key)
-    markers = [abandon_marker(msgpack.unpackb(raw), run_id) for raw in listed.values()]
-    if markers:
-        producer.send(markers)
-        client.hdel(key, *listed.keys())
-    return markers
 
 
 def training_tasks(env: TextEnv, config: SleaConfig, seed: int) -> TaskSampler:
@@ -186,19 +162,41 @@ class ActorWorker:
             ).inc()
         return len(markers)
 
-    def _list_inflight(self, spec: EpisodeSpec) -> None:
-        fields = {
-            "task_id": spec.task.task_id,
-            "task_type": spec.task.task_type,
-            "env_name": spec.task.env_name,
-            "group_id": spec.group_id,
-            "episode_id": spec.episode_id,
+    async def _claim(self, specs: list[EpisodeSpec]) -> bool:
+        """List the group's episodes in flight and count it admitted (actors/admission.py); False
+        (after waiting a moment) when the learner would train it more than `max_staleness` versions
+        from now. A worker with no learner behind it (no weight subscriber) admits every group."""
+        limit = None
+        if self.weights is not None:
+            limit = outstanding_limit(self.config.actors.max_staleness, self.config.learner.tasks_per_step)
+        listing = {
+            spec.episode_id: msgpack.packb(
+                {
+                    "task_id": spec.task.task_id,
+                    "task_type": spec.task.task_type,
+                    "env_name": spec.task.env_name,
+                    "group_id": spec.group_id,
+                    "episode_id": spec.episode_id,
+                }
+            )
+            for spec in specs
         }
-        self._write(lambda: self.client.hset(self._inflight_key, spec.episode_id, msgpack.packb(fields)))
+        claimed = await asyncio.to_thread(
+            self._write,
+            lambda: claim_group(self.client, self.config.run.id, self._inflight_key, listing, limit),
+        )
+        if claimed:
+            return True
+        await asyncio.sleep(GATE_CHECK_S)
+        self.stats.throttled_s += GATE_CHECK_S
+        metric("actor_throttled_seconds_total").labels(worker=self._label, reason="ahead_of_learner").inc(GATE_CHECK_S)
+        return False
 
-    def _write(self, call) -> None:
+    def _write(self, call):
         """A write of the worker's in-flight list: rides out a Redis restart; a full Redis says so."""
-        with_reconnect(call, max_wait_s=self.config.redis.reconnect_max_s, what="the actor's in-flight episode list")
+        return with_reconnect(
+            call, max_wait_s=self.config.redis.reconnect_max_s, what="the actor's in-flight episode list"
+        )
 
     # -- the run loop -----------------------------------------------------------------------------
 
@@ -211,6 +209,7 @@ class ActorWorker:
         capacity = max(self.config.actors.envs_per_worker, self.config.actors.group_size)
         running = self._running
         slots = asyncio.Semaphore(self.config.actors.envs_per_worker)
+        waiting: list[EpisodeSpec] | None = None
         try:
             while not self._stopping.is_set() and (max_groups is None or self.stats.groups_started < max_groups):
                 if len(running) * self.config.actors.group_size + self.config.actors.group_size > capacity:
@@ -219,7 +218,12 @@ class ActorWorker:
                     continue
                 if not await self._gate_open():
                     continue
-                specs = self._group_specs(next(self._tasks))
+                # A group the admission turned away is offered again as it is: waiting skips no task.
+                specs = waiting or self._group_specs(next(self._tasks))
+                waiting = None
+                if not await self._claim(specs):
+                    waiting = specs
+                    continue
                 self.stats.groups_started += 1
                 running.add(asyncio.create_task(self._play_group(specs, slots)))
             if running:
@@ -247,8 +251,6 @@ class ActorWorker:
             self._busy_since = time.perf_counter()
         self._groups_in_play += 1
         try:
-            for spec in specs:
-                self._list_inflight(spec)
             await asyncio.gather(*(self._play_one(spec, slots) for spec in specs))
         finally:
             self._groups_in_play -= 1

@@ -4,9 +4,10 @@ Two signals, each the symptom of one mismatch between actors and learner:
 
 - the learner waits for groups (its `wait_seconds` are a large share of its time): actors
   produce too slowly, so grow;
-- the actors are held back by their gate (the policy is more than `actors.max_staleness`
-  versions ahead of their weights, or the learner's stream lag is over `redis.max_lag`): the
-  stream backs up past the staleness bound, the extra work would be dropped as stale, so shrink.
+- the actors are held back by their gate (the learner would train a new group more than
+  `actors.max_staleness` versions later, their weights are that far behind the learner's, or the
+  learner's stream lag is over `redis.max_lag`): the pool plays faster than the learner trains,
+  and more workers would only wait, so shrink.
 
 They rarely hold together: while actors are throttled, ready groups pile up and the learner
 does not wait. Shrinking is checked first all the same: playing past the bound is wasted work.

@@ -73,6 +73,16 @@ class GroupAssembler:
     def ready_groups(self) -> int:
         return len(self._ready)
 
+    @property
+    def held_group_ids(self) -> set[str]:
+        """Every group buffered, complete or not."""
+        return set(self._open)
+
+    @property
+    def groups_dropped(self) -> int:
+        """Groups dropped so far, whatever the reason."""
+        return sum(self.counters.groups_dropped.values())
+
     def add(self, deliveries: list[Delivery]) -> list[str]:
         """Buffer deliveries; returns entry ids to acknowledge now (steps of already closed groups)."""
         ack_now: list[str] = []

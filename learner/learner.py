@@ -15,6 +15,7 @@ micro-batches and DeepSpeed averages the gradients, so N ranks make the update o
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import threading
 import time
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from learner.admission import AdmissionReport
 from learner.advantages import advantage_parts
 from learner.batch import TrainSample
 from learner.checkpoint import LearnerState, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -40,6 +42,7 @@ from slea.redis_conn import connect
 from slea.streams import StreamConsumer
 
 GROUP = "learner"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -89,6 +92,8 @@ class Learner:
                 cfg.actors.group_size, cfg.learner.group_timeout_s, cfg.learner.max_staleness
             )
             self.unacked: list[str] = []  # entries used by updates not yet checkpointed
+            self.admission = AdmissionReport(client, cfg.run.id, cfg.redis.reconnect_max_s)
+            self._drops_reported = 0  # of the assembler's dropped groups, those added to the admission hash
             start = (
                 latest_checkpoint(self.checkpoint_root),
                 self.publisher.latest_version(),
@@ -103,6 +108,9 @@ class Learner:
             if self.ranks.leader:
                 self.consumer.ack(state.applied_entry_ids)  # their effect is in the checkpoint
         self.learner_step = state.learner_step
+        self.groups_trained = state.groups_trained
+        if self.ranks.leader:
+            self.admission.trained(self.groups_trained)  # a restart rolls back what its checkpoint does not hold
         resumed = resume_version(state.version, registry, recorded)
         self.version = resumed.version
         if resumed.publish:
@@ -110,20 +118,31 @@ class Learner:
             if self.version > state.version and self.ranks.leader:
                 self._trace([], restored=True)  # the checkpoint's weights under a new number: part of the line
         self._idle_since = time.monotonic()  # end of the latest step (or of start-up): wait_seconds counts from here
+        self._lost_checked = self._idle_since  # when lost admission slots were last looked for
 
     def poll(self, block_ms: int | None = None) -> None:
         """Read one batch of deliveries into the assembler; acknowledge what is dropped."""
         block = self.cfg.redis.block_ms if block_ms is None else block_ms
         deliveries = self.consumer.read(count=self.cfg.redis.read_count, block_ms=block)
-        self.consumer.ack(self.assembler.add(deliveries) + self.assembler.expire())
+        self._ack_dropped(self.assembler.add(deliveries) + self.assembler.expire())
+
+    def _ack_dropped(self, entry_ids: list[str]) -> None:
+        """Count the groups dropped since the last call in the admission hash, then acknowledge."""
+        dropped = self.assembler.groups_dropped
+        self.admission.dropped(dropped - self._drops_reported)
+        self._drops_reported = dropped
+        self.consumer.ack(entry_ids)
 
     def step(self) -> StepResult | None:
         """One optimizer step if `tasks_per_step` groups are ready, else None."""
-        self.consumer.ack(self.assembler.drop_stale(self.version))
+        self._ack_dropped(self.assembler.drop_stale(self.version))
         if self.assembler.ready_groups < self.cfg.learner.tasks_per_step:
+            self._count_lost_groups()
             return None
         waited = time.monotonic() - self._idle_since
         groups = self.assembler.pop_ready(self.cfg.learner.tasks_per_step)
+        self.groups_trained += len(groups)
+        self.admission.trained(self.groups_trained)
         samples, metrics = self._samples(groups)
         self.ranks.send(Order("train", samples=samples))
         stats = self.trainer.train_step(samples)
@@ -160,6 +179,7 @@ class Learner:
             groups_dropped_incomplete=counters.groups_dropped["timeout"],
             groups_dropped_abandoned=counters.groups_dropped["abandoned"],
             groups_dropped_stale=counters.groups_dropped["stale"],
+            groups_dropped_lost=counters.groups_dropped["lost"],
             duplicate_steps=counters.duplicates,
             open_groups=self.assembler.open_groups,
         )
@@ -167,6 +187,20 @@ class Learner:
             metrics.update(edge_kl=stats.edge_kl, edge_token_fraction=stats.edge_token_fraction)
         export_step_metrics(metrics)
         return StepResult(metrics=metrics, group_ids=[group.group_id for group in groups])
+
+    def _count_lost_groups(self) -> None:
+        """After `group_timeout_s` without a group ready (and again every such interval), count the
+        admission slots no group holds any more as groups dropped for reason `lost` (learner/admission.py)."""
+        now = time.monotonic()
+        timeout = self.cfg.learner.group_timeout_s
+        if now - max(self._idle_since, self._lost_checked) < timeout:
+            return
+        self._lost_checked = now
+        lost = self.admission.lost_groups(self.assembler.held_group_ids, self.cfg.stream_key(), GROUP)
+        if lost:
+            log.warning("%d admitted group(s) are neither in flight nor in the stream: counted as dropped (lost)", lost)
+            self.assembler.counters.groups_dropped["lost"] += lost
+            self._ack_dropped([])
 
     def _publish(self) -> None:
         """Publish the current weights as `self.version` (every rank calls it: ZeRO-3 gathers collectively)."""
@@ -248,7 +282,12 @@ class Learner:
 
     def checkpoint(self) -> None:
         """Save, then acknowledge every entry whose update the checkpoint holds."""
-        state = LearnerState(version=self.version, learner_step=self.learner_step, applied_entry_ids=self.unacked)
+        state = LearnerState(
+            version=self.version,
+            learner_step=self.learner_step,
+            groups_trained=self.groups_trained,
+            applied_entry_ids=self.unacked,
+        )
         self.ranks.send(Order("checkpoint", state=state))
         save_checkpoint(self.trainer, self.tokenizer, self.checkpoint_root, state)
         self.consumer.ack(self.unacked)

@@ -30,6 +30,7 @@ _DROPPED = {
     "groups_dropped_incomplete": "timeout",
     "groups_dropped_abandoned": "abandoned",
     "groups_dropped_stale": "stale",
+    "groups_dropped_lost": "lost",
 }
 
 

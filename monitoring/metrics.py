@@ -113,7 +113,7 @@ CATALOGUE: dict[str, MetricSpec] = {
         MetricSpec(
             "learner_groups_dropped",
             "gauge",
-            "Groups dropped so far, by reason (timeout, abandoned, stale).",
+            "Groups dropped so far, by reason (timeout, abandoned, stale, lost: an admission slot no group held).",
             ("reason",),
         ),
         MetricSpec(

@@ -36,6 +36,11 @@ def inflight_key(run_id: str, worker_index: int) -> str:
     return f"slea:{run_id}:inflight:{worker_index}"
 
 
+def inflight_pattern(run_id: str) -> str:
+    """SCAN pattern of every actor worker's in-flight hash of a run, past and present workers alike."""
+    return f"slea:{run_id}:inflight:*"
+
+
 def sync_claims_key(run_id: str) -> str:
     """Redis hash of groups started per policy version (version -> count) in synchronous mode,
     shared by all workers so that exactly `learner.tasks_per_step` groups play each version."""

@@ -229,7 +229,11 @@ class ActorsConfig(_Section):
         0.5, gt=0, description="A retrieval slower than this is skipped and counted as a miss."
     )
     ab_groups: bool = Field(False, description="EDGE A/B groups: first half with experiences, second half without.")
-    max_staleness: int = Field(4, ge=0, description="Do not start groups while this many versions behind the learner.")
+    max_staleness: int = Field(
+        4,
+        ge=0,
+        description="Start no group that the learner would train more than this many versions later (actors/admission.py), nor while the weights are this many versions behind the learner's.",
+    )
     synchronous: bool = Field(
         False,
         description="Synchronous baseline: only learner.tasks_per_step groups per policy version, then wait for the next one.",

@@ -11,6 +11,7 @@ from helpers import forward_logprobs
 
 from actors.pool import ActorPool
 from learner.weights import RayWeightPublisher
+from slea.admission import TRAINED, admission_key, read_counts
 from slea.channels import RAY_NAMESPACE, sync_claims_key
 from slea.config import load_config
 from slea.models import tiny_model
@@ -72,13 +73,24 @@ def assert_complete_or_abandoned(records) -> None:
         assert complete != abandoned, f"episode {episode_id} is neither complete nor marked abandoned"
 
 
-def test_pool_plays_groups_into_the_stream(ray_cluster, redis_url, tiny_model_dir):
-    config = pool_config("pool-groups", tiny_model_dir)
+def test_pool_plays_groups_into_the_stream_as_far_as_admission_allows(ray_cluster, redis_url, tiny_model_dir):
+    # Staleness admission (actors/admission.py): with 2 groups a learner step and max_staleness 1, the
+    # two workers together start 4 groups (16 episodes), then wait for a learner that consumes them.
+    config = pool_config("pool-groups", tiny_model_dir, "learner.tasks_per_step=2", "actors.max_staleness=1")
     client = redis.Redis.from_url(redis_url)
     pool = ActorPool(config, redis_url)
     pool.scale(2)
     wait_for(lambda: sum(r.done for r in stream_records(client, config)) >= 16, "16 finished episodes")
+    wait_for(
+        lambda: all(s["throttled_s"] >= 3 for s in pool.summaries()) and len(pool.summaries()) == 2,
+        "both workers held back by the admission",
+    )
+    assert read_counts(client, config.run.id).admitted == 4
+    assert len({r.group_id for r in stream_records(client, config)}) == 4
+    client.hset(admission_key(config.run.id), TRAINED, 2)  # a learner step consumed 2 groups: 2 more start
+    wait_for(lambda: len({r.group_id for r in stream_records(client, config)}) == 6, "two more groups")
     summaries = pool.stop()
+    assert read_counts(client, config.run.id).admitted == 6
     assert len(summaries) == 2 and all(s["groups_started"] >= 1 for s in summaries)
     records = stream_records(client, config)
     by_group = defaultdict(set)

@@ -6,9 +6,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from actors.inflight import abandon_marker
 from learner.batch import TrainSample
 from learner.checkpoint import latest_checkpoint
 from learner.learner import Learner
+from slea.admission import AdmissionCounts, read_counts
 from slea.config import SleaConfig
 from slea.models import tiny_model
 from slea.streams import StreamProducer
@@ -83,14 +85,22 @@ def test_restart_after_consuming_before_checkpoint(tmp_path, redis_client, local
         versions.append(result.metrics["policy_version"])
     assert versions == [1, 2, 3]
     assert redis_client.xpending(cfg.stream_key(), "learner")["pending"] == 4  # C's entries
+    # The actors' admission counts (actors/admission.py): 3 groups trained; an abandoned group dropped.
+    listed = {"task_id": "t", "task_type": "x", "env_name": "e", "group_id": "Z", "episode_id": "Z-e0"}
+    producer.send([abandon_marker(listed, cfg.run.id)])
+    first.poll(block_ms=50)
+    assert read_counts(redis_client, cfg.run.id) == AdmissionCounts(admitted=0, trained=3, dropped=1)
     del first  # killed: no shutdown checkpoint, no ack
 
     model, tokenizer = tiny_model()
     second = Learner(cfg, redis_client=redis_client, model=model, tokenizer=tokenizer)
     assert second.learner_step == 2  # resumed from the checkpoint of B's step
     assert second.version == 3  # 3 was published before the crash: the line continues right after it
+    # C is pending again: its group counts as outstanding until it is trained anew; Z stays dropped.
+    assert read_counts(redis_client, cfg.run.id) == AdmissionCounts(admitted=0, trained=2, dropped=1)
     result = run_until_step(second)
     assert result.group_ids == ["C"] and result.metrics["policy_version"] == 4  # no gap, no repeat
+    assert read_counts(redis_client, cfg.run.id).trained == 3
     for _ in range(5):  # nothing else comes back: A and B were acknowledged with their checkpoint
         second.poll(block_ms=20)
         assert second.step() is None
@@ -147,6 +157,25 @@ def test_a_learner_on_a_new_ray_cluster_never_reissues_a_version(tmp_path, redis
     assert trace[3]["restored"] is True
 
 
+def test_admission_slots_no_group_holds_are_counted_lost_after_the_group_timeout(tmp_path, redis_client, local_ray):
+    """Three groups counted admitted that nobody lists in flight and the stream never carried (a Redis
+    that lost its last writes): after `group_timeout_s` without a ready group the learner frees them."""
+    from slea.admission import ADMITTED, admission_key
+
+    cfg = config(tmp_path, "lost", group_timeout_s=1)
+    model, tokenizer = tiny_model()
+    learner = Learner(cfg, redis_client=redis_client, model=model, tokenizer=tokenizer)
+    redis_client.hset(admission_key(cfg.run.id), ADMITTED, 3)
+    learner.poll(block_ms=20)
+    assert learner.step() is None and read_counts(redis_client, cfg.run.id).dropped == 0  # not waited long enough
+    time.sleep(1.1)
+    learner.poll(block_ms=20)
+    assert learner.step() is None
+    assert read_counts(redis_client, cfg.run.id) == AdmissionCounts(admitted=3, trained=0, dropped=3)
+    assert learner.assembler.counters.groups_dropped["lost"] == 3
+    learner.close()
+
+
 def test_run_stops_at_max_steps_with_a_shutdown_checkpoint_and_metrics(tmp_path, redis_client, local_ray):
     cfg = config(tmp_path, "run", max_steps=1)
     model, tokenizer = tiny_model()
@@ -171,6 +200,7 @@ def test_run_stops_at_max_steps_with_a_shutdown_checkpoint_and_metrics(tmp_path,
         "groups_dropped_incomplete",
         "groups_dropped_abandoned",
         "groups_dropped_stale",
+        "groups_dropped_lost",
         "staleness_histogram",
     }
     assert expected <= set(seen[0])

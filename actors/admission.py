@@ -1,0 +1,56 @@
+"""Staleness admission: a worker starts a task group only if the learner will train it within
+`actors.max_staleness` versions of the policy it is played with.
+
+The learner trains `learner.tasks_per_step` groups a version, in the order they complete. A group
+started while `outstanding` groups wait ahead of it (started by any worker, not yet trained or
+dropped by the learner) is trained about outstanding // tasks_per_step versions later, so the pool
+keeps at most (max_staleness + 1) x tasks_per_step groups outstanding. This is AReaL's staleness
+manager (areal/infra/staleness_manager.py: capacity = (max_staleness + version + 1) x batch -
+(accepted + running), where version x batch counts what was trained), with the counts pool-wide in
+Redis because the workers are separate processes, and a group the learner drops freeing its slot as
+AReaL's rejected rollouts do.
+
+Without it each worker only checked that its own weights were within `max_staleness` versions of
+the learner's, which held while the pool ran ever further ahead: in the learning study's first runs
+the trained steps were 4 versions old from update 8 on and the learner dropped 42% of the groups
+played as too stale (docs/learning.md).
+
+A claim is one Redis transaction: the admitted count goes up together with the group's in-flight
+listing, so a worker that dies leaves either nothing or a listed group that its successor marks
+abandoned, which the learner counts as dropped; no slot leaks. Two workers that claim the last slot
+at once both count themselves in, see the count past the limit and take their claims back; the next
+check admits one of them.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from slea.admission import ADMITTED, AdmissionCounts, admission_key
+
+
+def outstanding_limit(max_staleness: int, tasks_per_step: int) -> int:
+    """Groups the pool may have started that the learner has not consumed: the batch it trains at the
+    current version and one batch for each of the next `max_staleness` versions."""
+    return (max_staleness + 1) * tasks_per_step
+
+
+def claim_group(
+    client: redis.Redis, run_id: str, inflight_key: str, episodes: dict[str, bytes], limit: int | None
+) -> bool:
+    """List a group's episodes in flight (episode id -> abandon-marker fields) and count the group
+    admitted, in one transaction. If that puts the pool past `limit` outstanding groups, take both
+    back and return False. `limit` None admits every group (a worker with no learner behind it)."""
+    key = admission_key(run_id)
+    claim = client.pipeline(transaction=True)
+    claim.hset(inflight_key, mapping=episodes)
+    claim.hincrby(key, ADMITTED, 1)
+    claim.hgetall(key)
+    counts = AdmissionCounts.from_hash(claim.execute()[-1])
+    if limit is None or counts.outstanding <= limit:
+        return True
+    release = client.pipeline(transaction=True)
+    release.hincrby(key, ADMITTED, -1)
+    release.hdel(inflight_key, *episodes)
+    release.execute()
+    return False

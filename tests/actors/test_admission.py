@@ -1,0 +1,98 @@
+"""Staleness admission (actors/admission.py) against a real Redis: the limit by hand, a claim and its
+release, workers claiming at once, and a pool-and-learner simulation that keeps every trained group
+within max_staleness versions."""
+
+import threading
+from collections import deque
+
+import msgpack
+import pytest
+
+from actors.admission import claim_group, outstanding_limit
+from slea.admission import TRAINED, AdmissionCounts, admission_key, read_counts
+from slea.channels import inflight_key
+
+
+def listing(group_id: str, size: int = 2) -> dict[str, bytes]:
+    return {
+        f"{group_id}-{index}": msgpack.packb({"group_id": group_id, "episode_id": f"{group_id}-{index}"})
+        for index in range(size)
+    }
+
+
+def test_the_limit_is_one_batch_now_and_one_for_each_later_version():
+    assert outstanding_limit(max_staleness=4, tasks_per_step=2) == 10
+    assert outstanding_limit(max_staleness=1, tasks_per_step=2) == 4
+    assert outstanding_limit(max_staleness=0, tasks_per_step=16) == 16  # fully synchronous: one batch
+
+
+def test_outstanding_is_admitted_less_trained_less_dropped():
+    assert AdmissionCounts.from_hash({b"admitted": b"12", b"trained": b"6", b"dropped": b"2"}).outstanding == 4
+    assert AdmissionCounts.from_hash({}) == AdmissionCounts(0, 0, 0)  # a new run has no hash yet
+
+
+def test_a_claim_lists_the_group_in_flight_and_one_past_the_limit_takes_both_back(redis_client):
+    key = inflight_key("r", 0)
+    assert claim_group(redis_client, "r", key, listing("g1"), limit=2)
+    assert claim_group(redis_client, "r", key, listing("g2"), limit=2)
+    assert not claim_group(redis_client, "r", key, listing("g3"), limit=2)
+    assert read_counts(redis_client, "r") == AdmissionCounts(admitted=2, trained=0, dropped=0)
+    assert sorted(redis_client.hkeys(key)) == [b"g1-0", b"g1-1", b"g2-0", b"g2-1"]  # g3 is not listed
+    redis_client.hset(admission_key("r"), TRAINED, 1)  # the learner consumed one group: a slot is free
+    assert claim_group(redis_client, "r", key, listing("g3"), limit=2)
+    assert read_counts(redis_client, "r").outstanding == 2
+
+
+def test_no_limit_admits_everything(redis_client):
+    for index in range(5):
+        assert claim_group(redis_client, "r", inflight_key("r", 0), listing(f"g{index}"), limit=None)
+    assert read_counts(redis_client, "r").admitted == 5
+
+
+def test_workers_claiming_at_once_never_pass_the_limit(redis_url):
+    """Eight workers (threads, each with its own connection) claim 10 groups each against a limit of 5."""
+    import redis
+
+    admitted: list[str] = []
+    start = threading.Barrier(8)
+
+    def worker(index: int) -> None:
+        client = redis.Redis.from_url(redis_url)
+        start.wait()
+        for number in range(10):
+            group = f"w{index}-g{number}"
+            if claim_group(client, "r", inflight_key("r", index), listing(group), limit=5):
+                admitted.append(group)
+        client.close()
+
+    threads = [threading.Thread(target=worker, args=(index,)) for index in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    client = redis.Redis.from_url(redis_url)
+    assert 1 <= len(admitted) <= 5  # racing claims may all back off, never more than the limit pass
+    assert read_counts(client, "r").admitted == len(admitted)
+    listed = {msgpack.unpackb(v)["group_id"] for i in range(8) for v in client.hgetall(inflight_key("r", i)).values()}
+    assert listed == set(admitted)
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1, 4])
+def test_a_pool_ahead_of_its_learner_trains_nothing_staler_than_the_bound(redis_client, max_staleness):
+    """A pool that plays far faster than its learner (every group it is allowed is played at once, in
+    the order admitted) and a learner that trains `tasks_per_step` groups a version: every group is
+    trained at most `max_staleness` versions after the version it was played with, and none wait."""
+    tasks_per_step = 3
+    limit = outstanding_limit(max_staleness, tasks_per_step)
+    version, played = 0, deque()  # (group id, policy version it was played with), in completion order
+    staleness = []
+    for number in range(200):
+        group = f"g{number}"
+        while not claim_group(redis_client, "r", inflight_key("r", 0), listing(group), limit):
+            batch = [played.popleft() for _ in range(tasks_per_step)]  # the learner trains a batch
+            staleness += [version - played_with for _, played_with in batch]
+            version += 1
+            redis_client.hset(admission_key("r"), TRAINED, version * tasks_per_step)
+        played.append((group, version))
+    assert max(staleness) == max_staleness  # the pool runs as far ahead as allowed, and no further
+    assert len(staleness) >= 200 - limit
