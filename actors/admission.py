@@ -2,13 +2,15 @@
 `actors.max_staleness` versions of the policy it is played with.
 
 The learner trains `learner.tasks_per_step` groups a version, in the order they complete. A group
-started while `outstanding` groups wait ahead of it (started by any worker, not yet trained or
-dropped by the learner) is trained about outstanding // tasks_per_step versions later, so the pool
-keeps at most (max_staleness + 1) x tasks_per_step groups outstanding. This is AReaL's staleness
-manager (areal/infra/staleness_manager.py: capacity = (max_staleness + version + 1) x batch -
-(accepted + running), where version x batch counts what was trained), with the counts pool-wide in
-Redis because the workers are separate processes, and a group the learner drops freeing its slot as
-AReaL's rejected rollouts do.
+started while `outstanding` groups wait ahead of it (started by any worker, not yet trained into a
+published version nor dropped by the learner) is trained about outstanding // tasks_per_step
+versions later, so the pool keeps at most (max_staleness + 1) x tasks_per_step groups outstanding.
+This is AReaL's staleness manager (areal/infra/staleness_manager.py: capacity = (max_staleness +
+version + 1) x batch - (accepted + running), where version x batch counts what was trained), with
+the counts pool-wide in Redis because the workers are separate processes, a group the learner drops
+freeing its slot as AReaL's rejected rollouts do, and one batch less for each version a worker's
+weights lag behind the learner's (AReaL's generation servers update with the trainer; our workers
+poll for new weights, so a group started just after a publish may still play the older version).
 
 Without it each worker only checked that its own weights were within `max_staleness` versions of
 the learner's, which held while the pool ran ever further ahead: in the learning study's first runs
@@ -29,10 +31,13 @@ import redis
 from slea.admission import ADMITTED, AdmissionCounts, admission_key
 
 
-def outstanding_limit(max_staleness: int, tasks_per_step: int) -> int:
-    """Groups the pool may have started that the learner has not consumed: the batch it trains at the
-    current version and one batch for each of the next `max_staleness` versions."""
-    return (max_staleness + 1) * tasks_per_step
+def outstanding_limit(max_staleness: int, tasks_per_step: int, weights_lag: int = 0) -> int:
+    """Groups the pool may have started that the learner has not consumed (trained into a published
+    version, or dropped) when a worker asks to start one: the batch the learner trains next and one
+    batch for each of the next `max_staleness` versions. A worker whose weights are `weights_lag`
+    versions behind the learner's plays a group that much older, so it may start one only while
+    `weights_lag` fewer batches wait (none at all past `max_staleness`)."""
+    return max(max_staleness - weights_lag + 1, 0) * tasks_per_step
 
 
 def claim_group(

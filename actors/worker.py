@@ -168,7 +168,8 @@ class ActorWorker:
         from now. A worker with no learner behind it (no weight subscriber) admits every group."""
         limit = None
         if self.weights is not None:
-            limit = outstanding_limit(self.config.actors.max_staleness, self.config.learner.tasks_per_step)
+            lag = max(self.weights.learner_version - self.engine.policy_version, 0)
+            limit = outstanding_limit(self.config.actors.max_staleness, self.config.learner.tasks_per_step, lag)
         listing = {
             spec.episode_id: msgpack.packb(
                 {

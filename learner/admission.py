@@ -2,8 +2,9 @@
 through the run's admission hash (slea/admission.py), how many groups it has consumed.
 
 Trained groups are written as a total (HSET) from the learner's own state, which its checkpoint
-keeps: a learner restarted from a checkpoint rolls the total back, and the groups it trained since
-are pending again in its stream and count as outstanding until it trains them anew. Dropped groups
+keeps, once the version they trained is published: a learner restarted from a checkpoint rolls the
+total back, and the groups it trained since are pending again in its stream and count as
+outstanding until it trains them anew. Dropped groups
 are added (HINCRBY) before their entries are acknowledged, so a crash in between counts a drop
 twice, never not at all: admission then runs a group ahead, which the learner's own staleness drop
 still catches, rather than a slot short.

@@ -141,8 +141,6 @@ class Learner:
             return None
         waited = time.monotonic() - self._idle_since
         groups = self.assembler.pop_ready(self.cfg.learner.tasks_per_step)
-        self.groups_trained += len(groups)
-        self.admission.trained(self.groups_trained)
         samples, metrics = self._samples(groups)
         self.ranks.send(Order("train", samples=samples))
         stats = self.trainer.train_step(samples)
@@ -150,6 +148,10 @@ class Learner:
         self.version += 1
         self.unacked += [entry for group in groups for entry in group.entry_ids]
         self._publish()
+        # Consumed once their update is published, as AReaL frees capacity with each new version: a
+        # group admitted now is played with this version or a later one, not the one being replaced.
+        self.groups_trained += len(groups)
+        self.admission.trained(self.groups_trained)
         self._trace(groups)
         if self.learner_step % self.cfg.learner.checkpoint_every == 0:
             self.checkpoint()

@@ -24,6 +24,10 @@ def test_the_limit_is_one_batch_now_and_one_for_each_later_version():
     assert outstanding_limit(max_staleness=4, tasks_per_step=2) == 10
     assert outstanding_limit(max_staleness=1, tasks_per_step=2) == 4
     assert outstanding_limit(max_staleness=0, tasks_per_step=16) == 16  # fully synchronous: one batch
+    # A worker with older weights plays older groups: a batch less for each version it lags.
+    assert outstanding_limit(max_staleness=4, tasks_per_step=2, weights_lag=1) == 8
+    assert outstanding_limit(max_staleness=1, tasks_per_step=2, weights_lag=1) == 2
+    assert outstanding_limit(max_staleness=1, tasks_per_step=2, weights_lag=3) == 0
 
 
 def test_outstanding_is_admitted_less_trained_less_dropped():
@@ -77,14 +81,15 @@ def test_workers_claiming_at_once_never_pass_the_limit(redis_url):
     assert listed == set(admitted)
 
 
-@pytest.mark.parametrize("max_staleness", [0, 1, 4])
-def test_a_pool_ahead_of_its_learner_trains_nothing_staler_than_the_bound(redis_client, max_staleness):
+@pytest.mark.parametrize(("max_staleness", "weights_lag"), [(0, 0), (1, 0), (4, 0), (1, 1), (4, 2)])
+def test_a_pool_ahead_of_its_learner_trains_nothing_staler_than_the_bound(redis_client, max_staleness, weights_lag):
     """A pool that plays far faster than its learner (every group it is allowed is played at once, in
-    the order admitted) and a learner that trains `tasks_per_step` groups a version: every group is
-    trained at most `max_staleness` versions after the version it was played with, and none wait."""
+    the order admitted, with weights `weights_lag` versions behind the learner's) and a learner that
+    trains `tasks_per_step` groups a version and counts them consumed once the version is published:
+    every group is trained at most `max_staleness` versions after the version it was played with."""
     tasks_per_step = 3
-    limit = outstanding_limit(max_staleness, tasks_per_step)
-    version, played = 0, deque()  # (group id, policy version it was played with), in completion order
+    limit = outstanding_limit(max_staleness, tasks_per_step, weights_lag)
+    version, played = weights_lag, deque()  # (group id, policy version it was played with), in completion order
     staleness = []
     for number in range(200):
         group = f"g{number}"
@@ -92,7 +97,7 @@ def test_a_pool_ahead_of_its_learner_trains_nothing_staler_than_the_bound(redis_
             batch = [played.popleft() for _ in range(tasks_per_step)]  # the learner trains a batch
             staleness += [version - played_with for _, played_with in batch]
             version += 1
-            redis_client.hset(admission_key("r"), TRAINED, version * tasks_per_step)
-        played.append((group, version))
+            redis_client.hset(admission_key("r"), TRAINED, (version - weights_lag) * tasks_per_step)
+        played.append((group, version - weights_lag))
     assert max(staleness) == max_staleness  # the pool runs as far ahead as allowed, and no further
     assert len(staleness) >= 200 - limit
