@@ -2,7 +2,7 @@
 whole episode: a restarted worker's successor, or the pool for a worker it killed or one an earlier
 driver left, writes an `abandoned` marker for each listed episode, and the learner and the library
 drop the marked episodes' groups. (Episodes are listed as their group is admitted, in the same
-transaction: actors/admission.py.)"""
+transaction: actors/staleness_admission.py.)"""
 
 from __future__ import annotations
 

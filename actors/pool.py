@@ -134,7 +134,7 @@ class ActorPool:
         """Mark abandoned what every earlier worker of this run left listed in flight. A resumed run
         numbers its workers from 0 again, so a worker of the earlier driver with a higher index (the
         pool numbers new workers on after a scale-down) has no successor to do it; until marked, its
-        groups would count against the pool's staleness admission (actors/admission.py) for ever."""
+        groups would count against the pool's staleness admission (actors/staleness_admission.py) for ever."""
         producer = self._stream_producer()
         for key in producer.client.scan_iter(match=inflight_pattern(self.config.run.id)):
             index = int(key.decode().rsplit(":", 1)[1])

@@ -5,7 +5,7 @@ one budget per group), plays their episodes as asyncio tasks sharing one batched
 batched retrieval client, and XADDs every step as it happens. It does not start a new group while
 its weights are more than `max_staleness` versions behind the learner, while the learner's stream
 lag is over `redis.max_lag`, or when the learner would train the group more than `max_staleness`
-versions later (the pool's staleness admission, actors/admission.py); it never waits for an update
+versions later (the pool's staleness admission, actors/staleness_admission.py); it never waits for an update
 to finish (except in `actors.synchronous` mode, the no-overlap baseline that `slea bench async`
 compares against).
 
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 import msgpack
 import redis
 
-from actors.admission import claim_group, outstanding_limit
 from actors.engines.base import GenerationEngine
 from actors.envs.base import EnvTask, TextEnv
 from actors.envs.registry import make_env
@@ -34,6 +33,7 @@ from actors.episode import EpisodeResult, EpisodeSpec, StepTimers, play_episode
 from actors.inflight import abandon_inflight
 from actors.prompts import PromptBuilder
 from actors.retrieval_client import RetrievalClient
+from actors.staleness_admission import claim_group, outstanding_limit
 from monitoring.metrics import metric
 from slea.channels import inflight_key, sync_claims_key
 from slea.config import SleaConfig
@@ -163,7 +163,7 @@ class ActorWorker:
         return len(markers)
 
     async def _claim(self, specs: list[EpisodeSpec]) -> bool:
-        """List the group's episodes in flight and count it admitted (actors/admission.py); False
+        """List the group's episodes in flight and count it admitted (actors/staleness_admission.py); False
         (after waiting a moment) when the learner would train it more than `max_staleness` versions
         from now. A worker with no learner behind it (no weight subscriber) admits every group."""
         limit = None

@@ -41,7 +41,7 @@ class LearnerState:
 
     version: int  # policy version of the weights in this checkpoint
     learner_step: int  # optimizer steps taken so far in the run
-    groups_trained: int = 0  # task groups trained so far (actors/admission.py; 0 in older checkpoints)
+    groups_trained: int = 0  # task groups trained so far (actors/staleness_admission.py; 0 in older checkpoints)
     applied_entry_ids: list[str] = field(default_factory=list)  # entries whose effect this checkpoint holds
 
 

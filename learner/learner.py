@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from learner.admission import AdmissionReport
+from learner.admission_report import AdmissionReport
 from learner.advantages import advantage_parts
 from learner.batch import TrainSample
 from learner.checkpoint import LearnerState, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -192,7 +192,7 @@ class Learner:
 
     def _count_lost_groups(self) -> None:
         """After `group_timeout_s` without a group ready (and again every such interval), count the
-        admission slots no group holds any more as groups dropped for reason `lost` (learner/admission.py)."""
+        admission slots no group holds any more as groups dropped for reason `lost` (learner/admission_report.py)."""
         now = time.monotonic()
         timeout = self.cfg.learner.group_timeout_s
         if now - max(self._idle_since, self._lost_checked) < timeout:

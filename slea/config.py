@@ -232,7 +232,7 @@ class ActorsConfig(_Section):
     max_staleness: int = Field(
         4,
         ge=0,
-        description="Start no group that the learner would train more than this many versions later (actors/admission.py), nor while the weights are this many versions behind the learner's.",
+        description="Start no group that the learner would train more than this many versions later (actors/staleness_admission.py), nor while the weights are this many versions behind the learner's.",
     )
     synchronous: bool = Field(
         False,

@@ -55,7 +55,7 @@ def test_a_run_resumes_after_its_whole_ray_cluster_is_gone(cluster, tmp_path, re
         *broken_run(tmp_path, "resume", tiny_model_dir, redis_url, start_cluster(cluster)),
         f"learner.checkpoint_every={CHECKPOINT_EVERY}",
         "learner.max_steps=1000",
-        # One group outstanding at a time (actors/admission.py): no finished group waits in the stream
+        # One group outstanding at a time (actors/staleness_admission.py): no finished group waits in the stream
         # behind the one the kill cuts short, so the resumed learner reads that group's abandon marker
         # before it can train anything new. Unbounded, the pool ran groups ahead, the resumed learner
         # reached its last step on them before the marker, and no drop was counted (a CI failure).

@@ -11,7 +11,7 @@ from helpers import forward_logprobs
 
 from actors.pool import ActorPool
 from learner.weights import RayWeightPublisher
-from slea.admission import TRAINED, admission_key, read_counts
+from slea.admission_counts import TRAINED, admission_key, read_counts
 from slea.channels import RAY_NAMESPACE, sync_claims_key
 from slea.config import load_config
 from slea.models import tiny_model
@@ -74,7 +74,7 @@ def assert_complete_or_abandoned(records) -> None:
 
 
 def test_pool_plays_groups_into_the_stream_as_far_as_admission_allows(ray_cluster, redis_url, tiny_model_dir):
-    # Staleness admission (actors/admission.py): with 2 groups a learner step and max_staleness 1, the
+    # Staleness admission (actors/staleness_admission.py): with 2 groups a learner step and max_staleness 1, the
     # two workers together start 4 groups (16 episodes), then wait for a learner that consumes them.
     config = pool_config("pool-groups", tiny_model_dir, "learner.tasks_per_step=2", "actors.max_staleness=1")
     client = redis.Redis.from_url(redis_url)

@@ -1,10 +1,10 @@
-"""The learner's admission counts (learner/admission.py) against a real Redis, and its count of
+"""The learner's admission counts (learner/admission_report.py) against a real Redis, and its count of
 lost slots."""
 
 import msgpack
 
-from learner.admission import AdmissionReport
-from slea.admission import ADMITTED, AdmissionCounts, admission_key, read_counts
+from learner.admission_report import AdmissionReport
+from slea.admission_counts import ADMITTED, AdmissionCounts, admission_key, read_counts
 from slea.channels import inflight_key
 from slea.streams import StreamProducer, ensure_group
 

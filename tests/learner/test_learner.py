@@ -10,7 +10,7 @@ from actors.inflight import abandon_marker
 from learner.batch import TrainSample
 from learner.checkpoint import latest_checkpoint
 from learner.learner import Learner
-from slea.admission import AdmissionCounts, read_counts
+from slea.admission_counts import AdmissionCounts, read_counts
 from slea.config import SleaConfig
 from slea.models import tiny_model
 from slea.streams import StreamProducer
@@ -85,7 +85,7 @@ def test_restart_after_consuming_before_checkpoint(tmp_path, redis_client, local
         versions.append(result.metrics["policy_version"])
     assert versions == [1, 2, 3]
     assert redis_client.xpending(cfg.stream_key(), "learner")["pending"] == 4  # C's entries
-    # The actors' admission counts (actors/admission.py): 3 groups trained; an abandoned group dropped.
+    # The actors' admission counts (actors/staleness_admission.py): 3 groups trained; an abandoned group dropped.
     listed = {"task_id": "t", "task_type": "x", "env_name": "e", "group_id": "Z", "episode_id": "Z-e0"}
     producer.send([abandon_marker(listed, cfg.run.id)])
     first.poll(block_ms=50)
@@ -160,7 +160,7 @@ def test_a_learner_on_a_new_ray_cluster_never_reissues_a_version(tmp_path, redis
 def test_admission_slots_no_group_holds_are_counted_lost_after_the_group_timeout(tmp_path, redis_client, local_ray):
     """Three groups counted admitted that nobody lists in flight and the stream never carried (a Redis
     that lost its last writes): after `group_timeout_s` without a ready group the learner frees them."""
-    from slea.admission import ADMITTED, admission_key
+    from slea.admission_counts import ADMITTED, admission_key
 
     cfg = config(tmp_path, "lost", group_timeout_s=1)
     model, tokenizer = tiny_model()

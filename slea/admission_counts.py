@@ -1,5 +1,5 @@
 """The admission hash: the task-group counts by which actor workers admit new groups
-(actors/admission.py) and which the learner keeps up to date (learner/learner.py). Both sides meet
+(actors/staleness_admission.py) and which the learner keeps up to date (learner/learner.py). Both sides meet
 in this Redis hash, never in each other's code."""
 
 from __future__ import annotations

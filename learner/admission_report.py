@@ -1,5 +1,5 @@
-"""The learner's side of the actors' staleness admission (actors/admission.py): it tells the pool,
-through the run's admission hash (slea/admission.py), how many groups it has consumed.
+"""The learner's side of the actors' staleness admission (actors/staleness_admission.py): it tells the pool,
+through the run's admission hash (slea/admission_counts.py), how many groups it has consumed.
 
 Trained groups are written as a total (HSET) from the learner's own state, which its checkpoint
 keeps, once the version they trained is published: a learner restarted from a checkpoint rolls the
@@ -21,7 +21,7 @@ from __future__ import annotations
 import msgpack
 import redis
 
-from slea.admission import DROPPED, TRAINED, admission_key, read_counts
+from slea.admission_counts import DROPPED, TRAINED, admission_key, read_counts
 from slea.channels import inflight_pattern
 from slea.redis_conn import with_reconnect
 from slea.stream_admin import group_stats

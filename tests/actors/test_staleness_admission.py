@@ -1,4 +1,4 @@
-"""Staleness admission (actors/admission.py) against a real Redis: the limit by hand, a claim and its
+"""Staleness admission (actors/staleness_admission.py) against a real Redis: the limit by hand, a claim and its
 release, workers claiming at once, and a pool-and-learner simulation that keeps every trained group
 within max_staleness versions."""
 
@@ -8,8 +8,8 @@ from collections import deque
 import msgpack
 import pytest
 
-from actors.admission import claim_group, outstanding_limit
-from slea.admission import TRAINED, AdmissionCounts, admission_key, read_counts
+from actors.staleness_admission import claim_group, outstanding_limit
+from slea.admission_counts import TRAINED, AdmissionCounts, admission_key, read_counts
 from slea.channels import inflight_key
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import redis
 
-from slea.admission import ADMITTED, AdmissionCounts, admission_key
+from slea.admission_counts import ADMITTED, AdmissionCounts, admission_key
 
 
 def outstanding_limit(max_staleness: int, tasks_per_step: int, weights_lag: int = 0) -> int:
