@@ -26,6 +26,8 @@ check admits one of them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import redis
 
 from slea.admission_counts import ADMITTED, AdmissionCounts, admission_key
@@ -40,19 +42,35 @@ def outstanding_limit(max_staleness: int, tasks_per_step: int, weights_lag: int 
     return max(max_staleness - weights_lag + 1, 0) * tasks_per_step
 
 
+@dataclass(frozen=True)
+class StalenessBound:
+    """What a worker asks of the admission hash before it starts a group."""
+
+    max_staleness: int  # actors.max_staleness
+    tasks_per_step: int  # learner.tasks_per_step
+    playing_version: int  # the policy version of the weights the group would be played with
+
+    def limit(self, counts: AdmissionCounts) -> int:
+        """Groups that may be outstanding, the lag taken from the learner's version as the hash has it
+        (written with its trained count), not as the worker last polled it."""
+        lag = max(counts.version - self.playing_version, 0)
+        return outstanding_limit(self.max_staleness, self.tasks_per_step, lag)
+
+
 def claim_group(
-    client: redis.Redis, run_id: str, inflight_key: str, episodes: dict[str, bytes], limit: int | None
+    client: redis.Redis, run_id: str, inflight_key: str, episodes: dict[str, bytes], bound: StalenessBound | None
 ) -> bool:
     """List a group's episodes in flight (episode id -> abandon-marker fields) and count the group
-    admitted, in one transaction. If that puts the pool past `limit` outstanding groups, take both
-    back and return False. `limit` None admits every group (a worker with no learner behind it)."""
+    admitted, in one transaction. If that puts the pool past the `bound` (by the counts as the
+    transaction left them), take both back and return False. `bound` None admits every group (a
+    worker with no learner behind it)."""
     key = admission_key(run_id)
     claim = client.pipeline(transaction=True)
     claim.hset(inflight_key, mapping=episodes)
     claim.hincrby(key, ADMITTED, 1)
     claim.hgetall(key)
     counts = AdmissionCounts.from_hash(claim.execute()[-1])
-    if limit is None or counts.outstanding <= limit:
+    if bound is None or counts.outstanding <= bound.limit(counts):
         return True
     release = client.pipeline(transaction=True)
     release.hincrby(key, ADMITTED, -1)

@@ -33,7 +33,7 @@ from actors.episode import EpisodeResult, EpisodeSpec, StepTimers, play_episode
 from actors.inflight import abandon_inflight
 from actors.prompts import PromptBuilder
 from actors.retrieval_client import RetrievalClient
-from actors.staleness_admission import claim_group, outstanding_limit
+from actors.staleness_admission import StalenessBound, claim_group
 from monitoring.metrics import metric
 from slea.channels import inflight_key, sync_claims_key
 from slea.config import SleaConfig
@@ -166,10 +166,11 @@ class ActorWorker:
         """List the group's episodes in flight and count it admitted (actors/staleness_admission.py); False
         (after waiting a moment) when the learner would train it more than `max_staleness` versions
         from now. A worker with no learner behind it (no weight subscriber) admits every group."""
-        limit = None
+        bound = None
         if self.weights is not None:
-            lag = max(self.weights.learner_version - self.engine.policy_version, 0)
-            limit = outstanding_limit(self.config.actors.max_staleness, self.config.learner.tasks_per_step, lag)
+            bound = StalenessBound(
+                self.config.actors.max_staleness, self.config.learner.tasks_per_step, self.engine.policy_version
+            )
         listing = {
             spec.episode_id: msgpack.packb(
                 {
@@ -184,7 +185,7 @@ class ActorWorker:
         }
         claimed = await asyncio.to_thread(
             self._write,
-            lambda: claim_group(self.client, self.config.run.id, self._inflight_key, listing, limit),
+            lambda: claim_group(self.client, self.config.run.id, self._inflight_key, listing, bound),
         )
         if claimed:
             return True

@@ -21,7 +21,7 @@ from __future__ import annotations
 import msgpack
 import redis
 
-from slea.admission_counts import DROPPED, TRAINED, admission_key, read_counts
+from slea.admission_counts import DROPPED, TRAINED, VERSION, admission_key, read_counts
 from slea.channels import inflight_pattern
 from slea.redis_conn import with_reconnect
 from slea.stream_admin import group_stats
@@ -39,9 +39,9 @@ class AdmissionReport:
     def _write(self, call):
         return with_reconnect(call, max_wait_s=self.reconnect_max_s, what="the learner's admission counts")
 
-    def trained(self, total: int) -> None:
-        """The learner's state has trained `total` groups since the run began."""
-        self._write(lambda: self.client.hset(self.key, TRAINED, total))
+    def trained(self, total: int, version: int) -> None:
+        """The learner's state has trained `total` groups since the run began, and published `version`."""
+        self._write(lambda: self.client.hset(self.key, mapping={TRAINED: total, VERSION: version}))
 
     def dropped(self, count: int) -> None:
         """The learner dropped `count` more groups."""

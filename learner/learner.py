@@ -109,14 +109,14 @@ class Learner:
                 self.consumer.ack(state.applied_entry_ids)  # their effect is in the checkpoint
         self.learner_step = state.learner_step
         self.groups_trained = state.groups_trained
-        if self.ranks.leader:
-            self.admission.trained(self.groups_trained)  # a restart rolls back what its checkpoint does not hold
         resumed = resume_version(state.version, registry, recorded)
         self.version = resumed.version
         if resumed.publish:
             self._publish()
             if self.version > state.version and self.ranks.leader:
                 self._trace([], restored=True)  # the checkpoint's weights under a new number: part of the line
+        if self.ranks.leader:  # a restart rolls back what its checkpoint does not hold
+            self.admission.trained(self.groups_trained, self.version)
         self._idle_since = time.monotonic()  # end of the latest step (or of start-up): wait_seconds counts from here
         self._lost_checked = self._idle_since  # when lost admission slots were last looked for
 
@@ -151,7 +151,7 @@ class Learner:
         # Consumed once their update is published, as AReaL frees capacity with each new version: a
         # group admitted now is played with this version or a later one, not the one being replaced.
         self.groups_trained += len(groups)
-        self.admission.trained(self.groups_trained)
+        self.admission.trained(self.groups_trained, self.version)
         self._trace(groups)
         if self.learner_step % self.cfg.learner.checkpoint_every == 0:
             self.checkpoint()

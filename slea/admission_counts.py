@@ -11,10 +11,11 @@ import redis
 ADMITTED = "admitted"  # groups the actor workers started (HINCRBY 1, in one transaction with their in-flight listing)
 DROPPED = "dropped"  # groups the learner dropped: abandoned, timed out or stale (HINCRBY)
 TRAINED = "trained"  # groups the learner's state has trained (HSET: a restart from a checkpoint rolls it back)
+VERSION = "version"  # the policy version the learner had published when it wrote TRAINED (HSET with it)
 
 
 def admission_key(run_id: str) -> str:
-    """Redis hash of a run's admission counts (fields ADMITTED, DROPPED, TRAINED)."""
+    """Redis hash of a run's admission counts (fields ADMITTED, DROPPED, TRAINED, VERSION)."""
     return f"slea:{run_id}:admission"
 
 
@@ -25,6 +26,7 @@ class AdmissionCounts:
     admitted: int  # groups the workers started
     trained: int  # groups the learner has trained
     dropped: int  # groups the learner dropped (abandoned, timed out, stale)
+    version: int = 0  # the learner's published policy version as of `trained`
 
     @property
     def outstanding(self) -> int:
@@ -38,7 +40,7 @@ class AdmissionCounts:
         def count(name: str) -> int:
             return int(fields.get(name.encode(), 0))
 
-        return cls(admitted=count(ADMITTED), trained=count(TRAINED), dropped=count(DROPPED))
+        return cls(admitted=count(ADMITTED), trained=count(TRAINED), dropped=count(DROPPED), version=count(VERSION))
 
 
 def read_counts(client: redis.Redis, run_id: str) -> AdmissionCounts:

@@ -87,7 +87,9 @@ def test_pool_plays_groups_into_the_stream_as_far_as_admission_allows(ray_cluste
     )
     assert read_counts(client, config.run.id).admitted == 4
     assert len({r.group_id for r in stream_records(client, config)}) == 4
-    client.hset(admission_key(config.run.id), TRAINED, 2)  # a learner step consumed 2 groups: 2 more start
+    client.hset(
+        admission_key(config.run.id), TRAINED, 2
+    )  # a learner step consumed 2 groups (version 0 still): 2 more start
     wait_for(lambda: len({r.group_id for r in stream_records(client, config)}) == 6, "two more groups")
     summaries = pool.stop()
     assert read_counts(client, config.run.id).admitted == 6

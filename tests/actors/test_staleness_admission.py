@@ -8,8 +8,8 @@ from collections import deque
 import msgpack
 import pytest
 
-from actors.staleness_admission import claim_group, outstanding_limit
-from slea.admission_counts import TRAINED, AdmissionCounts, admission_key, read_counts
+from actors.staleness_admission import StalenessBound, claim_group, outstanding_limit
+from slea.admission_counts import TRAINED, VERSION, AdmissionCounts, admission_key, read_counts
 from slea.channels import inflight_key
 
 
@@ -35,26 +35,37 @@ def test_outstanding_is_admitted_less_trained_less_dropped():
     assert AdmissionCounts.from_hash({}) == AdmissionCounts(0, 0, 0)  # a new run has no hash yet
 
 
+def test_the_bound_takes_the_lag_from_the_learners_version_in_the_counts():
+    bound = StalenessBound(max_staleness=1, tasks_per_step=2, playing_version=3)
+    assert bound.limit(AdmissionCounts(admitted=9, trained=6, dropped=0, version=3)) == 4
+    assert bound.limit(AdmissionCounts(admitted=9, trained=8, dropped=0, version=4)) == 2  # a version behind
+    assert bound.limit(AdmissionCounts(admitted=0, trained=0, dropped=0, version=0)) == 4  # weights ahead: no lag
+
+
 def test_a_claim_lists_the_group_in_flight_and_one_past_the_limit_takes_both_back(redis_client):
     key = inflight_key("r", 0)
-    assert claim_group(redis_client, "r", key, listing("g1"), limit=2)
-    assert claim_group(redis_client, "r", key, listing("g2"), limit=2)
-    assert not claim_group(redis_client, "r", key, listing("g3"), limit=2)
+    bound = StalenessBound(max_staleness=0, tasks_per_step=2, playing_version=0)
+    assert claim_group(redis_client, "r", key, listing("g1"), bound)
+    assert claim_group(redis_client, "r", key, listing("g2"), bound)
+    assert not claim_group(redis_client, "r", key, listing("g3"), bound)
     assert read_counts(redis_client, "r") == AdmissionCounts(admitted=2, trained=0, dropped=0)
     assert sorted(redis_client.hkeys(key)) == [b"g1-0", b"g1-1", b"g2-0", b"g2-1"]  # g3 is not listed
-    redis_client.hset(admission_key("r"), TRAINED, 1)  # the learner consumed one group: a slot is free
-    assert claim_group(redis_client, "r", key, listing("g3"), limit=2)
-    assert read_counts(redis_client, "r").outstanding == 2
+    # The learner trained both into version 1: two slots free, but not for a worker still on version 0.
+    redis_client.hset(admission_key("r"), mapping={TRAINED: 2, VERSION: 1})
+    assert not claim_group(redis_client, "r", key, listing("g3"), bound)
+    assert claim_group(redis_client, "r", key, listing("g3"), StalenessBound(0, 2, playing_version=1))
+    assert read_counts(redis_client, "r").outstanding == 1
 
 
-def test_no_limit_admits_everything(redis_client):
+def test_no_bound_admits_everything(redis_client):
     for index in range(5):
-        assert claim_group(redis_client, "r", inflight_key("r", 0), listing(f"g{index}"), limit=None)
+        assert claim_group(redis_client, "r", inflight_key("r", 0), listing(f"g{index}"), None)
     assert read_counts(redis_client, "r").admitted == 5
 
 
 def test_workers_claiming_at_once_never_pass_the_limit(redis_url):
-    """Eight workers (threads, each with its own connection) claim 10 groups each against a limit of 5."""
+    """Eight workers (threads, each with its own connection) claim 10 groups each against a limit of 5
+    (max_staleness 4, one group a learner step)."""
     import redis
 
     admitted: list[str] = []
@@ -65,7 +76,7 @@ def test_workers_claiming_at_once_never_pass_the_limit(redis_url):
         start.wait()
         for number in range(10):
             group = f"w{index}-g{number}"
-            if claim_group(client, "r", inflight_key("r", index), listing(group), limit=5):
+            if claim_group(client, "r", inflight_key("r", index), listing(group), StalenessBound(4, 1, 0)):
                 admitted.append(group)
         client.close()
 
@@ -88,16 +99,19 @@ def test_a_pool_ahead_of_its_learner_trains_nothing_staler_than_the_bound(redis_
     trains `tasks_per_step` groups a version and counts them consumed once the version is published:
     every group is trained at most `max_staleness` versions after the version it was played with."""
     tasks_per_step = 3
-    limit = outstanding_limit(max_staleness, tasks_per_step, weights_lag)
     version, played = weights_lag, deque()  # (group id, policy version it was played with), in completion order
+    redis_client.hset(admission_key("r"), VERSION, version)
     staleness = []
     for number in range(200):
         group = f"g{number}"
-        while not claim_group(redis_client, "r", inflight_key("r", 0), listing(group), limit):
+        bound = StalenessBound(max_staleness, tasks_per_step, playing_version=version - weights_lag)
+        while not claim_group(redis_client, "r", inflight_key("r", 0), listing(group), bound):
             batch = [played.popleft() for _ in range(tasks_per_step)]  # the learner trains a batch
             staleness += [version - played_with for _, played_with in batch]
             version += 1
-            redis_client.hset(admission_key("r"), TRAINED, (version - weights_lag) * tasks_per_step)
+            trained = (version - weights_lag) * tasks_per_step
+            redis_client.hset(admission_key("r"), mapping={TRAINED: trained, VERSION: version})
+            bound = StalenessBound(max_staleness, tasks_per_step, playing_version=version - weights_lag)
         played.append((group, version - weights_lag))
     assert max(staleness) == max_staleness  # the pool runs as far ahead as allowed, and no further
-    assert len(staleness) >= 200 - limit
+    assert len(staleness) >= 200 - outstanding_limit(max_staleness, tasks_per_step, weights_lag)

@@ -18,19 +18,19 @@ def list_in_flight(client, worker: int, group_id: str) -> None:
 
 def test_trained_is_a_total_and_dropped_adds_up(redis_client):
     report = AdmissionReport(redis_client, "r", reconnect_max_s=1)
-    report.trained(4)
+    report.trained(4, version=2)
     report.dropped(2)
     report.dropped(0)
     report.dropped(1)
-    report.trained(2)  # a learner restarted from an earlier checkpoint rolls its total back
-    assert read_counts(redis_client, "r") == AdmissionCounts(admitted=0, trained=2, dropped=3)
+    report.trained(2, version=3)  # a learner restarted from an earlier checkpoint rolls its total back
+    assert read_counts(redis_client, "r") == AdmissionCounts(admitted=0, trained=2, dropped=3, version=3)
 
 
 def test_lost_slots_are_those_no_worker_lists_and_the_learner_does_not_hold(redis_client):
     ensure_group(redis_client, STREAM, "learner")
     report = AdmissionReport(redis_client, "r", reconnect_max_s=1)
     redis_client.hset(admission_key("r"), ADMITTED, 7)
-    report.trained(2)
+    report.trained(2, version=1)
     report.dropped(1)  # 4 outstanding
     list_in_flight(redis_client, 0, "a")
     list_in_flight(redis_client, 3, "b")  # a worker of an earlier pool size

@@ -89,7 +89,7 @@ def test_restart_after_consuming_before_checkpoint(tmp_path, redis_client, local
     listed = {"task_id": "t", "task_type": "x", "env_name": "e", "group_id": "Z", "episode_id": "Z-e0"}
     producer.send([abandon_marker(listed, cfg.run.id)])
     first.poll(block_ms=50)
-    assert read_counts(redis_client, cfg.run.id) == AdmissionCounts(admitted=0, trained=3, dropped=1)
+    assert read_counts(redis_client, cfg.run.id) == AdmissionCounts(admitted=0, trained=3, dropped=1, version=3)
     del first  # killed: no shutdown checkpoint, no ack
 
     model, tokenizer = tiny_model()
@@ -97,7 +97,7 @@ def test_restart_after_consuming_before_checkpoint(tmp_path, redis_client, local
     assert second.learner_step == 2  # resumed from the checkpoint of B's step
     assert second.version == 3  # 3 was published before the crash: the line continues right after it
     # C is pending again: its group counts as outstanding until it is trained anew; Z stays dropped.
-    assert read_counts(redis_client, cfg.run.id) == AdmissionCounts(admitted=0, trained=2, dropped=1)
+    assert read_counts(redis_client, cfg.run.id) == AdmissionCounts(admitted=0, trained=2, dropped=1, version=3)
     result = run_until_step(second)
     assert result.group_ids == ["C"] and result.metrics["policy_version"] == 4  # no gap, no repeat
     assert read_counts(redis_client, cfg.run.id).trained == 3
