@@ -168,9 +168,10 @@ class ActorWorker:
         from now. A worker with no learner behind it (no weight subscriber) admits every group."""
         bound = None
         if self.weights is not None:
-            bound = StalenessBound(
-                self.config.actors.max_staleness, self.config.learner.tasks_per_step, self.engine.policy_version
-            )
+            # The version the group's first generation will use: weights staged while the worker waited
+            # count, though no generation has applied them yet.
+            playing = self.weights.current_version(self.engine)
+            bound = StalenessBound(self.config.actors.max_staleness, self.config.learner.tasks_per_step, playing)
         listing = {
             spec.episode_id: msgpack.packb(
                 {
@@ -321,7 +322,7 @@ class ActorWorker:
             return await self._sync_slot_claimed()
         reason = None
         if self.weights is not None:
-            lag = self.weights.learner_version - self.engine.policy_version
+            lag = self.weights.learner_version - self.weights.current_version(self.engine)
             metric("actor_version_lag").labels(worker=self._label).set(lag)
             if lag > self.config.actors.max_staleness:
                 reason = "stale_weights"

@@ -11,7 +11,7 @@ from helpers import forward_logprobs
 
 from actors.pool import ActorPool
 from learner.weights import RayWeightPublisher
-from slea.admission_counts import TRAINED, admission_key, read_counts
+from slea.admission_counts import TRAINED, VERSION, admission_key, read_counts
 from slea.channels import RAY_NAMESPACE, sync_claims_key
 from slea.config import load_config
 from slea.models import tiny_model
@@ -87,12 +87,16 @@ def test_pool_plays_groups_into_the_stream_as_far_as_admission_allows(ray_cluste
     )
     assert read_counts(client, config.run.id).admitted == 4
     assert len({r.group_id for r in stream_records(client, config)}) == 4
-    client.hset(
-        admission_key(config.run.id), TRAINED, 2
-    )  # a learner step consumed 2 groups (version 0 still): 2 more start
+    # A learner step trains 2 groups into version 1 and publishes it. The waiting workers only stage
+    # the new weights (a generation applies them), yet they count as on version 1: 2 more groups start.
+    publisher = RayWeightPublisher(config.run.id)
+    publisher.publish(1, tiny_model(seed=9)[0].state_dict())
+    publisher.flush()
+    client.hset(admission_key(config.run.id), mapping={TRAINED: 2, VERSION: 1})
     wait_for(lambda: len({r.group_id for r in stream_records(client, config)}) == 6, "two more groups")
     summaries = pool.stop()
     assert read_counts(client, config.run.id).admitted == 6
+    ray.kill(ray.get_actor(f"slea-weights-{config.run.id}", namespace=RAY_NAMESPACE))
     assert len(summaries) == 2 and all(s["groups_started"] >= 1 for s in summaries)
     records = stream_records(client, config)
     by_group = defaultdict(set)
@@ -103,9 +107,12 @@ def test_pool_plays_groups_into_the_stream_as_far_as_admission_allows(ray_cluste
         assert [r.step for r in steps] == list(range(len(steps)))  # contiguous
         assert steps[-1].done and not any(r.done for r in steps[:-1])
         assert len(steps) <= steps[0].step_budget and steps[0].step_budget in (2, 3)
-        assert len({r.task_id for r in steps}) == 1 and all(r.policy_version == 0 for r in steps)
+        assert len({r.task_id for r in steps}) == 1
         assert all(len(r.response_ids) == len(r.response_logprobs) > 0 for r in steps)
         by_group[steps[0].group_id].add((episode_id, steps[0].with_experience))
+    # The first 4 groups played the initial weights, those admitted after the publish version 1.
+    played_with = [{r.policy_version for r in records if r.group_id == group and not r.abandoned} for group in by_group]
+    assert played_with.count({0}) == 4 and all(versions == {1} for versions in played_with if versions != {0})
     complete = [members for members in by_group.values() if len(members) == 4]
     assert complete, "no group finished all of its 4 episodes"
     for members in complete:  # retrieval is off: nobody is experience-conditioned
