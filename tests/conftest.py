@@ -1,7 +1,8 @@
 """Shared fixtures: a real redis-server per test module, flushed between tests; the two tiers.
 
-`pytest -m "not slow" -n auto` is the unit tier (the inner loop, on every core); plain `pytest`
-runs everything, except that tests marked `gpu` (tests/gpu) are deselected where CUDA is absent
+`pytest -m "not slow" -n auto` is the unit tier (the inner loop, on every core); `pytest -n auto`
+runs everything, the slow tests one at a time on one worker (tests/slow_lane.py) and the unit tests
+on every worker, except that tests marked `gpu` (tests/gpu) are deselected where CUDA is absent
 (`pytest -m gpu` on a GPU machine, or scripts/gpu_check.sh, runs that tier): a GPU is a kind of
 machine, not a tool to install, and under CI a skip fails the run. A test is slow when it starts
 Ray, Ray Serve or DeepSpeed, loads a model (SmolLM2, the tiny test model, the MiniLM embedder) or
@@ -20,6 +21,7 @@ import tempfile
 
 import pytest
 import redis
+import slow_lane
 from required_tools import under_ci
 
 from slea.embedded_redis import EmbeddedRedis
@@ -96,26 +98,29 @@ HEAVY_FIXTURES = frozenset({"tiny_model_dir", "policy_tokenizer", "ray_cluster",
 
 def pytest_collection_modifyitems(config, items):
     gpu_items = []
-    # Meant to run the slow tests one at a time on one worker under `pytest -n` (pyproject's --dist
-    # loadgroup): two learners or whole runs at once can outgrow a small machine's memory. It does
-    # not take effect with pytest 9.2 and pytest-xdist 3.8.0: xdist groups by a suffix it writes to
-    # `item._nodeid`, which pytest 9 no longer reads (tests/test_xdist_groups.py, a strict xfail).
-    # Run the whole suite serially; `-n` is for the unit tier, which has no slow test.
-    serialise_slow = config.pluginmanager.hasplugin("xdist")
     for item in items:
         if HEAVY_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(pytest.mark.slow)  # a GPU test loads models and engines: never in the unit tier
             gpu_items.append(item)
-        if serialise_slow and item.get_closest_marker("slow") is not None:
-            item.add_marker(pytest.mark.xdist_group("slow"))
     if gpu_items:
         import torch  # only when a GPU test was collected: the unit tier does not pay for it
 
         if not torch.cuda.is_available():
             config.hook.pytest_deselected(items=gpu_items)
             items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
+    slow_lane.write_slow_ids(config, items)  # under `pytest -n`: the controller's slow lane
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    slow_lane.configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    return slow_lane.make_scheduler(config, log)
 
 
 _RAY_BEFORE = pytest.StashKey[bool]()  # whether Ray was up before the test's setup (a module fixture's)

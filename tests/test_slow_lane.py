@@ -1,13 +1,7 @@
-"""Under `pytest -n` the slow tests are meant to run one at a time on one worker (tests/conftest.py
-marks each with one xdist_group; --dist loadgroup keeps a group on one worker), so that two learners
-or whole runs never share the machine. The case runs pytest with the suite's conftest on a small
-test file in a subprocess, with two workers.
-
-It fails today, so it is a strict xfail: pytest-xdist 3.8.0 groups by a suffix it writes to
-`item._nodeid`, and pytest 9.2's `nodeid` no longer reads that attribute, so every xdist_group is
-ignored (in the first whole-suite run under `-n 2`, two vLLM engine tests ran at once). Until an
-xdist release fixes it, the whole suite runs serially (README); when one does, this test passes,
-the strict xfail fails the run, and the mark goes."""
+"""Under `pytest -n` the slow tests run one at a time on one worker, the slow lane (tests/slow_lane.py),
+so that two learners or whole runs never share the machine, while the unit tests run on the
+others. The case runs pytest with the suite's conftest on a small test file in a subprocess, with
+two workers, as `.ci/run` runs the suite."""
 
 from __future__ import annotations
 
@@ -21,7 +15,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-FOUR_TESTS = """
+FIVE_TESTS = """
 import os
 import time
 from pathlib import Path
@@ -51,19 +45,18 @@ def test_slow_three():
     record("slow_three")
 
 
-def test_fast():
-    record("fast")
+def test_fast_one():
+    record("fast_one")
+
+
+def test_fast_two():
+    record("fast_two")
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="pytest-xdist 3.8.0's xdist_group has no effect under pytest 9.2 (item._nodeid is unread)",
-)
-def test_slow_tests_share_one_worker_under_xdist(tmp_path):
+def test_slow_tests_share_one_worker_and_the_others_spread(tmp_path):
     shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
-    (tmp_path / "test_four.py").write_text(FOUR_TESTS)
+    (tmp_path / "test_five.py").write_text(FIVE_TESTS)
     out = tmp_path / "workers"
     out.mkdir()
     environment = os.environ | {"WORKER_LOG": str(out), "PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}"}
@@ -76,8 +69,11 @@ def test_slow_tests_share_one_worker_under_xdist(tmp_path):
         timeout=120,
     )
     workers = {path.name: path.read_text() for path in out.iterdir()}
-    if result.returncode != 0 or set(workers) != {"slow_one", "slow_two", "slow_three", "fast"}:
-        # pytest.fail, not assert: the xfail expects only the grouping's AssertionError
+    if result.returncode != 0 or set(workers) != {"slow_one", "slow_two", "slow_three", "fast_one", "fast_two"}:
         pytest.fail(f"the inner run failed: {result.stdout[-3000:]}{result.stderr[-3000:]}")
     slow_workers = {workers[name] for name in ("slow_one", "slow_two", "slow_three")}
     assert len(slow_workers) == 1, f"the slow tests ran on {sorted(slow_workers)}"
+    # The lane is the biggest unit, so the first worker takes it and the second the first unit test:
+    # the unit tests do not wait for the lane.
+    fast_workers = {workers[name] for name in ("fast_one", "fast_two")}
+    assert fast_workers - slow_workers, f"every unit test waited for the slow lane on {sorted(slow_workers)}"
