@@ -183,6 +183,7 @@ def pytest_unconfigure(config):
     under them can segfault after every test has passed (seen in CI: 359 passed, exit 139), which
     would turn a green run red. Nothing is left to run at this point, so exit without teardown."""
     shutil.rmtree(_RAY_TMPDIR, ignore_errors=True)
+    slow_lane.remove_ids(config)
     if _exit_status is not None:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -14,6 +14,7 @@ checks that before scheduling), so any worker's file serves."""
 from __future__ import annotations
 
 import functools
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -52,6 +53,13 @@ def configure_node(node) -> None:
     if _IDS_DIR not in stash:
         stash[_IDS_DIR] = Path(tempfile.mkdtemp(prefix="slea-slow-lane-"))
     node.workerinput[SLOW_IDS_KEY] = str(stash[_IDS_DIR] / f"{node.gateway.id}.ids")
+
+
+def remove_ids(config: pytest.Config) -> None:
+    """On the controller, at its end: the id files go (tests/conftest.py leaves by os._exit, so no
+    cleanup registered with pytest would run)."""
+    if _IDS_DIR in config.stash:
+        shutil.rmtree(config.stash[_IDS_DIR], ignore_errors=True)
 
 
 def make_scheduler(config: pytest.Config, log):
