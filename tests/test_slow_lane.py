@@ -77,3 +77,39 @@ def test_slow_tests_share_one_worker_and_the_others_spread(tmp_path):
     # the unit tests do not wait for the lane.
     fast_workers = {workers[name] for name in ("fast_one", "fast_two")}
     assert fast_workers - slow_workers, f"every unit test waited for the slow lane on {sorted(slow_workers)}"
+
+
+CRASHING_TESTS = """
+import os
+import signal
+
+
+def test_before():
+    pass
+
+
+def test_crash():
+    os.kill(os.getpid(), signal.SIGSEGV)  # as a native library's segfault would
+
+
+def test_after():
+    pass
+"""
+
+
+def test_a_crashed_worker_fails_its_test_and_the_run_goes_on(tmp_path):
+    """The test that crashed a worker is reported failed and not handed out again (re-queued, it
+    crashed each replacement in turn and the run hung)."""
+    shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_crash.py").write_text(CRASHING_TESTS)
+    environment = os.environ | {"PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider", "-q"],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1 and "1 failed, 2 passed" in result.stdout, result.stdout[-3000:]
+    assert "test_crash.py::test_crash" in result.stdout
