@@ -55,19 +55,9 @@ def test_fast_two():
 
 
 def test_slow_tests_share_one_worker_and_the_others_spread(tmp_path):
-    shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
-    (tmp_path / "test_five.py").write_text(FIVE_TESTS)
     out = tmp_path / "workers"
     out.mkdir()
-    environment = os.environ | {"WORKER_LOG": str(out), "PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider", "-q"],
-        cwd=tmp_path,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_with_two_workers(tmp_path, FIVE_TESTS, WORKER_LOG=str(out))
     workers = {path.name: path.read_text() for path in out.iterdir()}
     if result.returncode != 0 or set(workers) != {"slow_one", "slow_two", "slow_three", "fast_one", "fast_two"}:
         pytest.fail(f"the inner run failed: {result.stdout[-3000:]}{result.stderr[-3000:]}")
@@ -100,16 +90,20 @@ def test_after():
 def test_a_crashed_worker_fails_its_test_and_the_run_goes_on(tmp_path):
     """The test that crashed a worker is reported failed and not handed out again (re-queued, it
     crashed each replacement in turn and the run hung)."""
+    result = run_with_two_workers(tmp_path, CRASHING_TESTS)
+    assert result.returncode == 1 and "1 failed, 2 passed" in result.stdout, result.stdout[-3000:]
+    assert "test_inner.py::test_crash" in result.stdout
+
+
+def run_with_two_workers(tmp_path, tests_source: str, **environment) -> subprocess.CompletedProcess:
+    """pytest -n 2 (--dist loadgroup, as pyproject sets it) on `tests_source` with the suite's conftest."""
     shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
-    (tmp_path / "test_crash.py").write_text(CRASHING_TESTS)
-    environment = os.environ | {"PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}"}
-    result = subprocess.run(
+    (tmp_path / "test_inner.py").write_text(tests_source)
+    return subprocess.run(
         [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider", "-q"],
         cwd=tmp_path,
-        env=environment,
+        env=os.environ | environment | {"PYTHONPATH": f"{TESTS}{os.pathsep}{REPO}"},
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert result.returncode == 1 and "1 failed, 2 passed" in result.stdout, result.stdout[-3000:]
-    assert "test_crash.py::test_crash" in result.stdout
