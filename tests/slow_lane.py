@@ -30,7 +30,7 @@ class SlowLaneScheduling(LoadScopeScheduling):
     """LoadScopeScheduling where every slow test is in one scope and every other test is a scope
     of its own (so the unit tests spread over all workers)."""
 
-    def __init__(self, config: pytest.Config, log=None, ids_dir: Path | None = None) -> None:
+    def __init__(self, config: pytest.Config, log, ids_dir: Path) -> None:
         super().__init__(config, log)
         self.ids_dir = ids_dir
 
