@@ -5,15 +5,26 @@ This is exactly the stack `alfworld-play-tw` and ALFWorld's `AlfredTWEnv` use
 "You arrive at countertop 2. On the countertop 2, you see ..." and commands are ALFWorld's
 (`go to`, `take X from Y`, `move X to Y`, `heat X with Y`, `use desklamp 1`). The planner is
 TextWorld's fast-downward binding, asked for a plan from the current state.
+
+Each engine needs its own copy of fast-downward's library (the planner keeps its task in
+globals), and TextWorld loads a fresh copy per `PddlEnv`. Those copies are not independent:
+fast-downward's plugin registry (`options::RawRegistry::instance()::instance_`) is a
+GNU-unique symbol, so every copy registers its plugins, with pointers into itself, in the
+registry of the first copy loaded. Unloading a copy leaves dangling entries there, and the
+next copy's constructors crash on them unless its code happens to land at the freed
+addresses (seen as a segfault in `LoadLibrary` under `pytest -n`;
+tests/actors/envs/test_alfworld.py reproduces it). So a copy is never unloaded: a closed
+engine hands its TextWorld env back to a per-process pool, and the process holds as many
+copies as it ever had engines open at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from dataclasses import dataclass
 
-import fast_downward
 import textworld
 from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
 from textworld.envs import PddlEnv
@@ -48,12 +59,33 @@ def split_intro(intro: str) -> tuple[str, str]:
     return room.strip(), (TASK_PREFIX + task).strip()
 
 
-class AlfredEngine:
-    """One TextWorld PDDL game at a time; owns a private copy of the fast-downward library."""
+class _IdleEnvs:
+    """TextWorld envs of closed engines, each with its loaded fast-downward copy, ready for the next engine."""
 
     def __init__(self) -> None:
+        self._envs: list[AlfredDemangler] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> AlfredDemangler:
+        with self._lock:
+            if self._envs:
+                return self._envs.pop()
         infos = textworld.EnvInfos(admissible_commands=True, won=True)
-        self._env = AlfredDemangler(PddlEnv(infos), shuffle=False)
+        return AlfredDemangler(PddlEnv(infos), shuffle=False)
+
+    def give_back(self, env: AlfredDemangler) -> None:
+        with self._lock:
+            self._envs.append(env)
+
+
+_IDLE_ENVS = _IdleEnvs()
+
+
+class AlfredEngine:
+    """One TextWorld PDDL game at a time, on a fast-downward copy no other open engine uses."""
+
+    def __init__(self) -> None:
+        self._env: AlfredDemangler | None = _IDLE_ENVS.take()
         self._loaded_key: str | None = None
 
     def reset(self, game_key: str, game_data: dict) -> tuple[EngineState, str]:
@@ -86,8 +118,10 @@ class AlfredEngine:
         return list(pddl_env._pddl_state.replan(pddl_env._entity_infos))
 
     def close(self) -> None:
-        pddl_env = self._env.unwrapped
-        fast_downward.close_lib(pddl_env.downward_lib)
+        """Hand the env and its library copy to the next engine (the copy is never unloaded: see the module doc)."""
+        if self._env is not None:
+            _IDLE_ENVS.give_back(self._env)
+            self._env = None
         self._loaded_key = None
 
 

@@ -161,6 +161,29 @@ def test_same_seed_same_task(easy_env):
     other.close()
 
 
+ENGINE_CHURN = """
+import mmap
+from actors.envs.alfworld.engine import AlfredEngine
+
+first, second = AlfredEngine(), AlfredEngine()
+second.close()
+# Occupy the address range an unloaded library copy would have left, so a copy registered in
+# fast-downward's shared plugin registry can only survive by still being mapped.
+holes = [mmap.mmap(-1, 64 << 20) for _ in range(4)]
+third, fourth = AlfredEngine(), AlfredEngine()
+for engine in (first, third, fourth):
+    engine.close()
+print("survived")
+"""
+
+
+def test_closing_and_opening_engines_does_not_crash_the_process():
+    """Before engines pooled their fast-downward copies, this segfaulted loading the third copy."""
+    result = subprocess.run([sys.executable, "-c", ENGINE_CHURN], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, f"exit {result.returncode}:\n{result.stderr[-3000:]}"
+    assert result.stdout.strip() == "survived"
+
+
 def test_generation_does_not_depend_on_the_process():
     """Another interpreter with another hash seed builds byte-identical games."""
     code = (
