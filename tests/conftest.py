@@ -1,8 +1,8 @@
 """Shared fixtures: a real redis-server per test module, flushed between tests; the two tiers.
 
 `pytest -m "not slow" -n auto` is the unit tier (the inner loop, on every core); `pytest -n auto`
-runs everything, the slow tests one at a time on one worker (tests/slow_lane.py) and the unit tests
-on every worker, except that tests marked `gpu` (tests/gpu) are deselected where CUDA is absent
+runs everything, the slow tests in two lanes, one test at a time each (tests/slow_lane.py: the
+whole runs in one, the other slow tests in the other), and the unit tests on every worker, except that tests marked `gpu` (tests/gpu) are deselected where CUDA is absent
 (`pytest -m gpu` on a GPU machine, or scripts/gpu_check.sh, runs that tier): a GPU is a kind of
 machine, not a tool to install, and under CI a skip fails the run. A test is slow when it starts
 Ray, Ray Serve or DeepSpeed, loads a model (SmolLM2, the tiny test model, the MiniLM embedder) or
@@ -110,7 +110,7 @@ def pytest_collection_modifyitems(config, items):
         if not torch.cuda.is_available():
             config.hook.pytest_deselected(items=gpu_items)
             items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
-    slow_lane.write_slow_ids(config, items)  # under `pytest -n`: the controller's slow lane
+    slow_lane.write_lanes(config, items)  # under `pytest -n`: the controller's two lanes
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -1,6 +1,6 @@
-"""Under `pytest -n` the slow tests run one at a time on one worker, the slow lane (tests/slow_lane.py),
-so that two learners or whole runs never share the machine, while the unit tests run on the
-others. The case runs pytest with the suite's conftest on a small test file in a subprocess, with
+"""Under `pytest -n` the slow tests run in two lanes (tests/slow_lane.py), each one test at a time
+on one worker, so that two whole runs never share the machine, while the unit tests run on every
+worker. The case runs pytest with the suite's conftest on a small test file in a subprocess, with
 two workers, as `.ci/run` runs the suite."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-FIVE_TESTS = """
+SEVEN_TESTS = """
 import os
 import time
 from pathlib import Path
@@ -45,6 +45,18 @@ def test_slow_three():
     record("slow_three")
 
 
+@pytest.mark.slow
+@pytest.mark.whole_run
+def test_whole_run_one():
+    record("whole_run_one")
+
+
+@pytest.mark.slow
+@pytest.mark.whole_run
+def test_whole_run_two():
+    record("whole_run_two")
+
+
 def test_fast_one():
     record("fast_one")
 
@@ -54,19 +66,20 @@ def test_fast_two():
 """
 
 
-def test_slow_tests_share_one_worker_and_the_others_spread(tmp_path):
+def test_each_lane_keeps_to_one_worker_and_the_two_lanes_run_side_by_side(tmp_path):
     out = tmp_path / "workers"
     out.mkdir()
-    result = run_with_two_workers(tmp_path, FIVE_TESTS, WORKER_LOG=str(out))
+    result = run_with_two_workers(tmp_path, SEVEN_TESTS, WORKER_LOG=str(out))
     workers = {path.name: path.read_text() for path in out.iterdir()}
-    if result.returncode != 0 or set(workers) != {"slow_one", "slow_two", "slow_three", "fast_one", "fast_two"}:
+    expected = {"slow_one", "slow_two", "slow_three", "whole_run_one", "whole_run_two", "fast_one", "fast_two"}
+    if result.returncode != 0 or set(workers) != expected:
         pytest.fail(f"the inner run failed: {result.stdout[-3000:]}{result.stderr[-3000:]}")
     slow_workers = {workers[name] for name in ("slow_one", "slow_two", "slow_three")}
-    assert len(slow_workers) == 1, f"the slow tests ran on {sorted(slow_workers)}"
-    # The lane is the biggest unit, so the first worker takes it and the second the first unit test:
-    # the unit tests do not wait for the lane.
-    fast_workers = {workers[name] for name in ("fast_one", "fast_two")}
-    assert fast_workers - slow_workers, f"every unit test waited for the slow lane on {sorted(slow_workers)}"
+    whole_run_workers = {workers[name] for name in ("whole_run_one", "whole_run_two")}
+    assert len(slow_workers) == 1, f"the slow lane ran on {sorted(slow_workers)}"
+    assert len(whole_run_workers) == 1, f"the whole-run lane ran on {sorted(whole_run_workers)}"
+    # The lanes are the biggest units, so each worker takes one first: they overlap.
+    assert slow_workers != whole_run_workers, f"both lanes ran on {sorted(slow_workers)}"
 
 
 CRASHING_TESTS = """

@@ -12,7 +12,7 @@ from required_tools import vllm_python
 
 from driver.run_outputs import read_metrics
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.whole_run]
 
 SETTINGS = {
     "run.id": "vllm-e2e",
