@@ -2,7 +2,8 @@
 
 `pytest -m "not slow" -n auto` is the unit tier (the inner loop, on every core); `pytest -n auto`
 runs everything, the slow tests in two lanes, one test at a time each (tests/slow_lane.py: the
-whole runs in one, the other slow tests in the other), and the unit tests on every worker, except that tests marked `gpu` (tests/gpu) are deselected where CUDA is absent
+whole runs in one, the other slow tests in the other), and the unit tests on every worker, except
+that tests marked `gpu` (tests/gpu) are deselected where CUDA is absent
 (`pytest -m gpu` on a GPU machine, or scripts/gpu_check.sh, runs that tier): a GPU is a kind of
 machine, not a tool to install, and under CI a skip fails the run. A test is slow when it starts
 Ray, Ray Serve or DeepSpeed, loads a model (SmolLM2, the tiny test model, the MiniLM embedder) or
@@ -101,6 +102,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if HEAVY_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("whole_run") is not None:
+            item.add_marker(pytest.mark.slow)  # a whole run is never in the unit tier
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(pytest.mark.slow)  # a GPU test loads models and engines: never in the unit tier
             gpu_items.append(item)
@@ -183,7 +186,7 @@ def pytest_unconfigure(config):
     under them can segfault after every test has passed (seen in CI: 359 passed, exit 139), which
     would turn a green run red. Nothing is left to run at this point, so exit without teardown."""
     shutil.rmtree(_RAY_TMPDIR, ignore_errors=True)
-    slow_lane.remove_ids(config)
+    slow_lane.remove_lane_files(config)
     if _exit_status is not None:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -30,7 +30,7 @@ SLOW_LANE = "slow lane"  # the scope of every other slow test
 _LANES_DIR = pytest.StashKey[Path]()
 
 
-class SlowLaneScheduling(LoadScopeScheduling):
+class LaneScheduling(LoadScopeScheduling):
     """LoadScopeScheduling where each lane is one scope and every other test is a scope of its own
     (so the unit tests spread over all workers)."""
 
@@ -74,7 +74,7 @@ def configure_node(node) -> None:
     node.workerinput[LANES_KEY] = str(stash[_LANES_DIR] / f"{node.gateway.id}.lanes")
 
 
-def remove_ids(config: pytest.Config) -> None:
+def remove_lane_files(config: pytest.Config) -> None:
     """On the controller, at its end: the lane files go (tests/conftest.py leaves by os._exit, so no
     cleanup registered with pytest would run)."""
     if _LANES_DIR in config.stash:
@@ -82,10 +82,10 @@ def remove_ids(config: pytest.Config) -> None:
 
 
 def make_scheduler(config: pytest.Config, log):
-    """The slow lane for `--dist loadgroup` (pyproject's addopts); xdist's own for any other --dist."""
+    """The two lanes for `--dist loadgroup` (pyproject's addopts); xdist's own for any other --dist."""
     if config.getvalue("dist") != "loadgroup":
         return None
-    return SlowLaneScheduling(config, log, config.stash[_LANES_DIR])
+    return LaneScheduling(config, log, config.stash[_LANES_DIR])
 
 
 def lane_of(item: pytest.Item) -> str | None:

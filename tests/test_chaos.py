@@ -28,7 +28,7 @@ from slea.records import decode
 from slea.redis_conn import connect
 from slea.streams import PAYLOAD_FIELD
 
-pytestmark = [pytest.mark.slow, pytest.mark.whole_run]
+pytestmark = pytest.mark.whole_run  # slow too (tests/conftest.py)
 
 SEED = 22
 FAULT_EVERY_S = (20.0, 25.0)  # five kinds within CHAOS_S

@@ -34,7 +34,7 @@ from slea.config import load_config
 from slea.records import decode
 from slea.streams import PAYLOAD_FIELD
 
-pytestmark = [pytest.mark.slow, pytest.mark.whole_run]
+pytestmark = pytest.mark.whole_run  # slow too (tests/conftest.py)
 SLEA = [sys.executable, "-m", "driver.cli"]
 CHECKPOINT_EVERY = 3  # the cluster goes between two checkpoints: a step or two are lost and redone
 

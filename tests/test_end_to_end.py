@@ -11,7 +11,7 @@ from wandb_offline import offline_run
 
 from driver.run_outputs import read_metrics
 
-pytestmark = [pytest.mark.slow, pytest.mark.whole_run]
+pytestmark = pytest.mark.whole_run  # slow too (tests/conftest.py)
 SLEA = [sys.executable, "-m", "driver.cli"]
 
 

@@ -31,7 +31,7 @@ from slea.redis_conn import connect
 from slea.services import STREAM_GROUPS
 from slea.streams import PAYLOAD_FIELD, ensure_group
 
-pytestmark = [pytest.mark.slow, pytest.mark.whole_run]
+pytestmark = pytest.mark.whole_run  # slow too (tests/conftest.py)
 REDIS_OUTAGE_S = 3.0  # longer than redis-py's own few quick retries: the components' reconnect logic must carry it
 
 

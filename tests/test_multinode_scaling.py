@@ -34,7 +34,7 @@ from slea.channels import inflight_key
 from slea.records import decode
 from slea.streams import PAYLOAD_FIELD
 
-pytestmark = [pytest.mark.slow, pytest.mark.whole_run]
+pytestmark = pytest.mark.whole_run  # slow too (tests/conftest.py)
 SLEA = [sys.executable, "-m", "driver.cli"]
 MB = 1024**2
 NODE_TYPES = {

@@ -17,7 +17,7 @@ from helpers import broken_run, output_tail, start_train, trained_trace
 from library.persistence import latest_snapshot
 from slea.embedded_redis import EmbeddedRedis
 
-pytestmark = [pytest.mark.slow, pytest.mark.whole_run]
+pytestmark = pytest.mark.whole_run  # slow too (tests/conftest.py)
 
 
 @pytest.fixture

@@ -45,13 +45,11 @@ def test_slow_three():
     record("slow_three")
 
 
-@pytest.mark.slow
 @pytest.mark.whole_run
 def test_whole_run_one():
     record("whole_run_one")
 
 
-@pytest.mark.slow
 @pytest.mark.whole_run
 def test_whole_run_two():
     record("whole_run_two")

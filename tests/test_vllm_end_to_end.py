@@ -12,7 +12,7 @@ from required_tools import vllm_python
 
 from driver.run_outputs import read_metrics
 
-pytestmark = [pytest.mark.slow, pytest.mark.whole_run]
+pytestmark = pytest.mark.whole_run  # slow too (tests/conftest.py)
 
 SETTINGS = {
     "run.id": "vllm-e2e",
