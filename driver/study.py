@@ -12,8 +12,10 @@ The interval is a percentile bootstrap over both sources of variation: each draw
 arm's seeds with replacement and the panel's tasks with replacement, and recomputes the ratio of
 sums over the drawn (seed, task) cells. A difference between two arms that played the same panel
 is paired by task: both arms draw the same tasks in each resample, so what a task does to every arm
-(a hard game is hard for all) cancels; their seeds are drawn independently (seed 0 of two arms
-shares only its number). Arms on different panels draw their tasks independently.
+(a hard game is hard for all) cancels; their seeds are drawn independently, although two arms'
+runs of one seed share their rollouts until their prompts or advantages first differ (the same
+base model, sampler seed and games): drawing them apart gives up that pairing, so a difference's
+interval is, if anything, too wide. Arms on different panels draw their tasks independently.
 
 Where this differs from common practice, and why: rliable (Agarwal et al., 2021) bootstraps runs
 stratified by task with per-task scores as fixed; here the tasks are resampled too, because the
