@@ -1,5 +1,6 @@
 """`--plugin` on `slea play`, `slea eval` and `slea train`, with the adapter of docs/adding-an-env.md:
-the doc shows that exact file, `slea play` plays it, and `slea train` carries it to the Ray actors."""
+the doc shows that exact file, `slea play` plays it, and `slea train` carries it to the Ray actors.
+The same `slea train` also sizes its own actor pool (`actors.autoscale`, driver/pool_control.py)."""
 
 from __future__ import annotations
 
@@ -84,25 +85,58 @@ def test_train_and_eval_put_plugins_in_the_config(monkeypatch, tmp_path):
     assert merged == {"taxi": f"{ROOT / ADAPTER}:TaxiTextEnv", "other": "pkg.mod:Env"}  # --plugin wins
 
 
-@pytest.mark.slow
-def test_train_with_a_file_plugin_reaches_the_actor_workers_and_the_evaluator(tmp_path, tiny_model_dir):
-    """The doc's `slea train ... --plugin` with tiny settings: actor workers and the evaluator are Ray
-    actors, so their taxi episodes show the plugin travelled in the config."""
-    result = slea(
-        "train",
-        "configs/local.yaml",
-        "--plugin",
-        TAXI,
-        *("--set", "envs.name=taxi", "--set", "envs.params={}", "--set", "envs.max_steps=3"),
-        *("--set", f"run.dir={tmp_path}", "--set", "run.id=taxi", "--set", f"model.name={tiny_model_dir}"),
-        *("--set", "model.max_new_tokens=8", "--set", "learner.max_steps=2", "--set", "actors.group_size=2"),
-        *("--set", "envs.panel_size=2", "--set", "eval.panel_size=2", "--set", "eval.samples_per_task=1"),
-        *("--set", "eval.every=2", "--set", "learner.checkpoint_every=2"),
-        timeout=900,
-    )
+@pytest.fixture(scope="module")
+def taxi_run(tmp_path_factory, tiny_model_dir) -> tuple[subprocess.CompletedProcess, Path]:
+    """The doc's `slea train ... --plugin` with tiny settings, sizing its own actor pool on the way
+    (`actors.autoscale`): one whole run serves the plugin's tests and the pool sizer's. One worker
+    plays one group of 2 at a time and the learner wants 2 groups a step: it waits most of its time
+    (a tiny model trains in milliseconds), so the first decision grows the pool."""
+    run_root = tmp_path_factory.mktemp("taxi-run")
+    settings = {
+        "envs.name": "taxi",
+        "envs.params": "{}",
+        "envs.max_steps": "3",
+        "envs.panel_size": "2",
+        "run.dir": str(run_root),
+        "run.id": "taxi",
+        "model.name": str(tiny_model_dir),
+        "model.max_new_tokens": "8",
+        "actors.group_size": "2",
+        "actors.num_workers": "1",
+        "actors.autoscale.min_workers": "1",
+        "actors.autoscale.max_workers": "2",
+        "actors.autoscale.interval_s": "4",
+        "learner.tasks_per_step": "2",
+        "learner.max_steps": "8",
+        "learner.checkpoint_every": "4",
+        "eval.every": "8",  # before the first update and after the last
+        "eval.panel_size": "2",
+        "eval.samples_per_task": "1",
+        "monitoring.sinks": "[jsonl]",
+        "monitoring.plots": "false",
+    }
+    overrides = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+    result = slea("train", "configs/local.yaml", "--plugin", TAXI, *overrides, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    run_dir = tmp_path / "taxi"
+    return result, run_root / "taxi"
+
+
+@pytest.mark.slow
+def test_train_with_a_file_plugin_reaches_the_actor_workers_and_the_evaluator(taxi_run):
+    """Actor workers and the evaluator are Ray actors, so their taxi episodes show the plugin
+    travelled in the config."""
+    _result, run_dir = taxi_run
     assert "docs/examples/taxi_env.py:TaxiTextEnv" in (run_dir / "config.yaml").read_text()
     metrics = read_metrics(run_dir)
     assert any("actors/success_rate/taxi" in line for line in metrics), metrics[-1]
     assert any("eval/success_rate" in line for line in metrics)
+
+
+@pytest.mark.slow
+def test_a_learner_waiting_for_groups_grows_the_pool(taxi_run):
+    result, run_dir = taxi_run
+    assert "actor pool: 1 -> 2 workers (autoscale: learner waited" in result.stderr, result.stderr[-3000:]
+    assert "-> 1 workers" not in result.stderr  # nothing held the workers back: no reason to shrink
+    steps = [line for line in read_metrics(run_dir) if "learner/policy_version" in line]
+    assert [line["learner/policy_version"] for line in steps] == list(range(1, 9))
+    assert not (run_dir / "driver.json").exists()
