@@ -51,7 +51,8 @@ def eval_metrics(report: dict, with_library: bool) -> dict[str, float]:
 # A killed evaluator (memory) comes back for the next request; a second thread answers `progress`.
 @ray.remote(max_restarts=-1, max_task_retries=0, max_concurrency=2)
 class PanelEvaluator:
-    """Owns one engine and plays the held-out panel with whatever weights the learner published last."""
+    """Owns one engine and plays the held-out panel with whatever weights the learner published last,
+    or, before the first update, with the initial weights it was built with."""
 
     def __init__(self, config: dict, run_dir: str):
         from actors.engines import SamplingSettings, make_engine
@@ -107,13 +108,20 @@ class PanelEvaluator:
     def evaluate(self, learner_step: int) -> dict:
         """Play the panel with the newest weights; returns the flat metrics (see eval_metrics).
 
-        Before the first update (step 0) the panel is played without the library: it is empty
-        then, or holds only what training added while this evaluation waited, so a with-library
-        row would measure neither the base policy nor a trained one."""
+        Before the first update (step 0) the panel is played with the engine's initial weights,
+        version 0, not the registry's newest: on a busy machine the learner can publish its first
+        update before this evaluation starts (a CI run measured "step 0" at version 1). And it is
+        played without the library: it is empty then, or holds only what training added while
+        this evaluation waited, so a with-library row would measure neither the base policy nor a
+        trained one."""
         from driver.eval_library import retrieval_client_for
         from driver.evaluate import evaluate_engine
 
-        version = self._load_latest_weights()
+        if learner_step == 0 and self.engine.policy_version != 0:
+            raise RuntimeError(
+                f"the step-0 evaluation needs the initial weights; the engine holds v{self.engine.policy_version}"
+            )
+        version = 0 if learner_step == 0 else self._load_latest_weights()
         cfg = self.config
         library_app = self._library_app() if learner_step > 0 else None
         retrieval = retrieval_client_for(cfg, library_app) if library_app is not None else None

@@ -28,6 +28,7 @@ import copy
 import dataclasses
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -45,6 +46,22 @@ from slea.config import LearnerConfig
 from slea.precision import resolve_dtype
 
 
+def use_the_ninja_of_this_python() -> None:
+    """Put the directory of this Python's `ninja` first on PATH.
+
+    DeepSpeed JIT-compiles its CPU shared-memory comm op when its comm starts, in one build
+    directory per user (~/.cache/torch_extensions), with whichever `ninja` PATH finds. A process
+    whose PATH has a system ninja first (1.11 here) and one that finds the pip ninja installed
+    with DeepSpeed (1.13) write build logs of different versions; each discards the other's log
+    and recompiles the op, about 40 s of two cores, on every switch. Ray workers of a cluster
+    started from the venv's `ray` find one, those of an in-process `ray.init()` the other: the
+    test suite switched many times a run. One ninja, the one beside this interpreter, ends it."""
+    bin_dir = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if os.path.isfile(os.path.join(bin_dir, "ninja")) and path.split(os.pathsep)[0] != bin_dir:
+        os.environ["PATH"] = bin_dir + os.pathsep + path
+
+
 def init_distributed(store: dist.Store | None = None) -> tuple[int, int]:
     """Join (or create) the process group: NCCL on GPU, gloo on CPU; returns (rank, world size).
 
@@ -53,6 +70,7 @@ def init_distributed(store: dist.Store | None = None) -> tuple[int, int]:
     rendezvous. A lone learner needs no rendezvous: its group forms on an in-process store, so
     it opens no port for one (and never reuses a MASTER_PORT a parent process may still hold)."""
     if not dist.is_initialized():
+        use_the_ninja_of_this_python()
         for name, default in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
             os.environ.setdefault(name, default)
         backend = "nccl" if torch.cuda.is_available() else "gloo"

@@ -1,13 +1,15 @@
 """The DeepSpeed trainer on CPU (gloo, one process, no torchrun) with the tiny model."""
 
 import copy
+import os
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 from learner.batch import TrainSample, ppo_schedule
-from learner.engine import PolicyTrainer, deepspeed_config
+from learner.engine import PolicyTrainer, deepspeed_config, use_the_ninja_of_this_python
 from slea.config import LearnerConfig
 from slea.models import tiny_model
 
@@ -160,3 +162,21 @@ def test_log_probs_are_those_of_the_sampling_temperature():
     )
     sample = TrainSample(np.asarray(prompt, np.int32), generation.response_ids, generation.logprobs, 0.0, 0)
     np.testing.assert_allclose(trainer.logprobs([sample])[0].numpy(), generation.logprobs, atol=1e-4)
+
+
+def test_the_ninja_beside_this_python_comes_first_on_path(tmp_path, monkeypatch):
+    """Two ninjas of different versions recompile DeepSpeed's comm op on every switch: the one
+    installed beside the interpreter goes first, once, and nothing changes where it has none."""
+    venv_bin, system_bin = tmp_path / "venv-bin", tmp_path / "usr-bin"
+    venv_bin.mkdir()
+    system_bin.mkdir()
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    monkeypatch.setenv("PATH", str(system_bin))
+    use_the_ninja_of_this_python()
+    assert os.environ["PATH"] == str(system_bin)  # no ninja beside this Python: PATH as it was
+
+    (venv_bin / "ninja").write_text("")
+    use_the_ninja_of_this_python()
+    assert os.environ["PATH"] == f"{venv_bin}{os.pathsep}{system_bin}"
+    use_the_ninja_of_this_python()  # already first: not added twice
+    assert os.environ["PATH"] == f"{venv_bin}{os.pathsep}{system_bin}"
