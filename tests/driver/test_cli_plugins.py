@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import tiny_run
 
 from driver.cli import _plugin_overrides, build_parser, main
 from driver.local_ray import LOOPBACK_SWITCH
@@ -92,30 +93,25 @@ def taxi_run(tmp_path_factory, tiny_model_dir) -> tuple[subprocess.CompletedProc
     plays one group of 2 at a time and the learner wants 2 groups a step: it waits most of its time
     (a tiny model trains in milliseconds), so the first decision grows the pool."""
     run_root = tmp_path_factory.mktemp("taxi-run")
-    settings = {
-        "envs.name": "taxi",
-        "envs.params": "{}",
-        "envs.max_steps": "3",
-        "envs.panel_size": "2",
-        "run.dir": str(run_root),
-        "run.id": "taxi",
-        "model.name": str(tiny_model_dir),
-        "model.max_new_tokens": "8",
-        "actors.group_size": "2",
-        "actors.num_workers": "1",
-        "actors.autoscale.min_workers": "1",
-        "actors.autoscale.max_workers": "2",
-        "actors.autoscale.interval_s": "4",
-        "learner.tasks_per_step": "2",
-        "learner.max_steps": "8",
-        "learner.checkpoint_every": "4",
-        "eval.every": "8",  # before the first update and after the last
-        "eval.panel_size": "2",
-        "eval.samples_per_task": "1",
-        "monitoring.sinks": "[jsonl]",
-        "monitoring.plots": "false",
-    }
-    overrides = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+    settings = [
+        *tiny_run(run_root, "taxi", tiny_model_dir),
+        "envs.name=taxi",
+        "envs.params={}",
+        "envs.panel_size=2",
+        "actors.num_workers=1",
+        "actors.autoscale.min_workers=1",
+        "actors.autoscale.max_workers=2",
+        "actors.autoscale.interval_s=4",
+        "learner.tasks_per_step=2",
+        "learner.max_steps=8",
+        "learner.checkpoint_every=4",
+        "eval.every=8",  # before the first update and after the last
+        "eval.panel_size=2",
+        "eval.samples_per_task=1",
+        "monitoring.sinks=[jsonl]",
+        "monitoring.plots=false",
+    ]
+    overrides = [arg for setting in settings for arg in ("--set", setting)]
     result = slea("train", "configs/local.yaml", "--plugin", TAXI, *overrides, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return result, run_root / "taxi"
