@@ -19,6 +19,7 @@ from actors.envs.registry import PluginError, UnknownEnvError, load_plugins
 from driver.local_ray import keep_local_ray_on_loopback
 from slea.config import ConfigError, apply_override, dump_config, load_config, parse_override
 from slea.embedded_redis import RedisServerMissing
+from slea.ray_disk import DiskTooFull, require_disk_room
 
 
 def _version() -> str:
@@ -102,6 +103,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = load_config(args.config, [*args.overrides, *_plugin_overrides(args)])
     if config.ray.address is None:
         keep_local_ray_on_loopback()  # before a plugin or the driver imports ray
+        require_disk_room()  # a raylet on a full disk fails tasks far from the cause (slea/ray_disk.py)
     load_plugins(config.envs.plugins)  # a bad plugin fails here, before Redis, Ray and the model start
     from driver.supervision import ComponentFailed
     from driver.train import train
@@ -205,6 +207,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[int, dict | None, str | None]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     keep_local_ray_on_loopback()  # every benchmark's Ray is its own, on this machine
+    require_disk_room()
     with stdout_to_stderr():  # stdout carries the result alone: `slea bench ... --json | jq` works
         code, result, text = _run_bench(args)
     if text is not None:
@@ -499,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"slea: config error: {exc}", file=sys.stderr)
         return 2
-    except (RedisServerMissing, UnknownEnvError, FileNotFoundError, FileExistsError) as exc:
+    except (RedisServerMissing, DiskTooFull, UnknownEnvError, FileNotFoundError, FileExistsError) as exc:
         print(f"slea: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

