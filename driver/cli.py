@@ -17,9 +17,9 @@ from pathlib import Path
 
 from actors.envs.registry import PluginError, UnknownEnvError, load_plugins
 from driver.local_ray import keep_local_ray_on_loopback
+from driver.ray_disk import DiskTooFull, require_disk_room
 from slea.config import ConfigError, apply_override, dump_config, load_config, parse_override
 from slea.embedded_redis import RedisServerMissing
-from slea.ray_disk import DiskTooFull, require_disk_room
 
 
 def _version() -> str:
@@ -103,7 +103,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = load_config(args.config, [*args.overrides, *_plugin_overrides(args)])
     if config.ray.address is None:
         keep_local_ray_on_loopback()  # before a plugin or the driver imports ray
-        require_disk_room()  # a raylet on a full disk fails tasks far from the cause (slea/ray_disk.py)
+        require_disk_room()  # a raylet on a full disk fails tasks far from the cause (driver/ray_disk.py)
     load_plugins(config.envs.plugins)  # a bad plugin fails here, before Redis, Ray and the model start
     from driver.supervision import ComponentFailed
     from driver.train import train

@@ -55,7 +55,7 @@ def _redis() -> Check:
 
 
 def _ray_disk() -> Check:
-    from slea.ray_disk import disk_room
+    from driver.ray_disk import disk_room
 
     room = disk_room()
     return Check("disk for Ray", room.room_bytes > 0, room.describe(), "free space on that disk, or set RAY_TMPDIR")

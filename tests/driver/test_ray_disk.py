@@ -1,8 +1,8 @@
-"""Ray's disk rule, read before Ray starts (slea/ray_disk.py)."""
+"""Ray's disk rule, read before Ray starts (driver/ray_disk.py)."""
 
 import pytest
 
-from slea.ray_disk import GIB, THRESHOLD_VARIABLE, DiskRoom, DiskTooFull, disk_room, require_disk_room
+from driver.ray_disk import GIB, THRESHOLD_VARIABLE, DiskRoom, DiskTooFull, disk_room, require_disk_room
 
 
 def test_room_is_free_space_above_rays_line():
