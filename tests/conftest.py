@@ -29,7 +29,7 @@ from driver.ray_disk import GIB, DiskTooFull, require_disk_room
 from slea.embedded_redis import EmbeddedRedis
 
 _RAY_TMPDIR = tempfile.mkdtemp(prefix="slea-tests-")
-SUITE_DISK_BYTES = 6 * GIB  # a whole run wrote up to 4.9 GiB at once on a fresh clone (README, Tests)
+SUITE_DISK_BYTES = 4 * GIB  # a whole run wrote up to 2.7 GiB at once on a fresh clone (README, Tests)
 
 
 def pytest_configure(config):
