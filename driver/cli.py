@@ -178,6 +178,7 @@ def _run_bench(args: argparse.Namespace) -> tuple[int, dict | None, str | None]:
     elif args.target == "retrieval":
         from library.bench import bench_retrieval
 
+        require_disk_room()  # the one benchmark that starts Ray itself (`async` runs `slea train`, which asks)
         result = bench_retrieval()
     elif args.target == "actors":
         from actors.bench import bench_actors
@@ -207,7 +208,6 @@ def _run_bench(args: argparse.Namespace) -> tuple[int, dict | None, str | None]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     keep_local_ray_on_loopback()  # every benchmark's Ray is its own, on this machine
-    require_disk_room()
     with stdout_to_stderr():  # stdout carries the result alone: `slea bench ... --json | jq` works
         code, result, text = _run_bench(args)
     if text is not None:

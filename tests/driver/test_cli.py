@@ -15,8 +15,8 @@ SLEA = [sys.executable, "-m", "driver.cli"]
 LOCAL = str(Path(__file__).resolve().parents[2] / "configs" / "local.yaml")
 
 
-def run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([*SLEA, *args], capture_output=True, text=True, timeout=timeout)
+def run(*args: str, timeout: int = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*SLEA, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.mark.parametrize(
@@ -77,10 +77,18 @@ def test_unknown_config_key_is_exit_2_without_traceback():
 
 def test_train_on_a_disk_ray_calls_full_stops_before_anything_starts():
     env = {**os.environ, "RAY_local_fs_capacity_threshold": "0.000001"}  # any real disk is past this line
-    result = subprocess.run([*SLEA, "train", LOCAL], capture_output=True, text=True, timeout=300, env=env)
+    result = run("train", LOCAL, env=env)
     assert result.returncode == 2
     assert result.stderr.startswith("slea: not enough disk for Ray: ") and "free some space" in result.stderr
     assert "Traceback" not in result.stderr and "starting" not in result.stdout
+
+
+def test_only_the_benchmark_that_starts_ray_asks_for_its_disk():
+    env = {**os.environ, "RAY_local_fs_capacity_threshold": "0.000001"}  # any real disk is past this line
+    refused = run("bench", "retrieval", "--json", env=env)
+    assert refused.returncode == 2 and refused.stderr.startswith("slea: not enough disk for Ray: ")
+    redis_only = run("bench", "stream", "--json", "--records", "200", "--producers", "1", env=env)
+    assert redis_only.returncode == 0, redis_only.stderr
 
 
 def test_every_bad_key_at_once_with_a_suggestion():
