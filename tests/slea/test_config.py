@@ -250,3 +250,17 @@ def test_a_collective_weight_transport_on_a_shared_gpu_is_refused():
         ["actors.engine=transformers"],
     ):
         load_config(gpu, ["learner.weight_transport=collective", *overrides])
+
+
+def test_the_run_id_comes_from_the_variable_run_id_env_names(monkeypatch):
+    """The RayJob's entrypoint names the variable, never its value: no shell on the way (KubeRay's
+    submitter bash, Ray's sh on the head) can expand it to nothing (issue 35)."""
+    monkeypatch.setenv("SLEA_RUN_ID", "cluster-exp2")
+    config = load_config(None, ["run.id_env=SLEA_RUN_ID"])
+    assert (config.run.id, config.run.id_env) == ("cluster-exp2", None)
+    monkeypatch.setenv("SLEA_RUN_ID", "")
+    with pytest.raises(ConfigError, match="run.id_env names the environment variable SLEA_RUN_ID"):
+        load_config(None, ["run.id_env=SLEA_RUN_ID"])
+    monkeypatch.setenv("SLEA_RUN_ID", "a/b")
+    with pytest.raises(ConfigError, match="no spaces, ':' or slashes"):
+        load_config(None, ["run.id_env=SLEA_RUN_ID"])
