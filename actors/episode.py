@@ -6,8 +6,9 @@ actor worker, `slea eval` and the tests all play episodes through the same code.
 
 from __future__ import annotations
 
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,7 +68,7 @@ async def play_episode(
     engine: GenerationEngine,
     builder: PromptBuilder,
     retrieval: RetrievalClient | None,
-    emit: Callable[[StepRecord], None],
+    emit: Callable[[StepRecord], Awaitable[None] | None],
     timers: StepTimers | None = None,
     keep_records: bool = False,
 ) -> EpisodeResult:
@@ -115,7 +116,9 @@ async def play_episode(
         # step 0's experiences, not its cluster.
         if retrieved_now:
             record.anchor_cluster = retrieved.cluster_id
-        emit(record)
+        emitted = emit(record)
+        if inspect.isawaitable(emitted):  # the actor worker's: waits while its outbox is full (backpressure)
+            await emitted
         if keep_records:
             result.records.append(record)
         history.record(observation.text, action or "")

@@ -16,6 +16,7 @@ import ray
 from actors.inflight import abandon_inflight
 from slea.channels import inflight_pattern
 from slea.config import SleaConfig
+from slea.gpu_visibility import gpu_options
 from slea.redis_conn import connect
 from slea.streams import StreamProducer
 
@@ -152,7 +153,7 @@ class ActorPool:
 
     def _options(self) -> dict:
         actors = self.config.actors
-        options = {"num_cpus": actors.num_cpus, "num_gpus": actors.num_gpus}
+        options = {"num_cpus": actors.num_cpus, **gpu_options(actors.num_gpus)}  # none asked: none seen
         if actors.resources:
             options["resources"] = dict(actors.resources)
         return options

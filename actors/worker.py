@@ -12,6 +12,11 @@ compares against).
 Every episode in flight is listed in a Redis hash, so a worker that is restarted (or removed
 from the pool) leaves no half episode that could pass for a complete one: its successor writes
 an `abandoned` marker for each, which the learner and library drop.
+
+Steps leave the worker's outbox only once Redis has them (actors/outbox.py): a full Redis holds
+them, and the worker's episodes wait once the outbox is full. A background task or group task
+that fails ends run() with its exception (never dropped silently); the pool's next supervise()
+logs it and starts the loop again, which marks the episodes then in flight abandoned.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from actors.envs.registry import make_env
 from actors.envs.tasks import TaskSampler, panel_tasks
 from actors.episode import EpisodeResult, EpisodeSpec, StepTimers, play_episode
 from actors.inflight import abandon_inflight
+from actors.outbox import Outbox, StepsLost
 from actors.prompts import PromptBuilder
 from actors.retrieval_client import RetrievalClient
 from actors.staleness_admission import StalenessBound, claim_group
@@ -38,7 +44,7 @@ from monitoring.metrics import metric
 from slea.channels import inflight_key, sync_claims_key
 from slea.config import SleaConfig
 from slea.records import StepRecord
-from slea.redis_conn import with_reconnect
+from slea.redis_conn import RedisBackpressure, with_reconnect
 from slea.stream_admin import group_stats
 from slea.streams import StreamProducer
 
@@ -94,7 +100,13 @@ class ActorWorker:
         self.stats = WorkerStats()
         self._rng = random.Random(config.run.seed * 1_000_003 + worker_index)
         self._envs: list[TextEnv] = []
-        self._outbox: list[StepRecord] = []
+        self.outbox = Outbox(
+            self.producer,
+            max_steps=config.actors.max_outbox_steps,
+            window_s=config.redis.reconnect_max_s,
+            worker_label=str(worker_index),
+        )
+        self._failure: BaseException | None = None  # what ended a background or group task, ending run()
         self._inflight_key = inflight_key(config.run.id, worker_index)
         self._stopping = asyncio.Event()
         self._running: set[asyncio.Task] = set()  # one task per group in flight
@@ -184,15 +196,19 @@ class ActorWorker:
             )
             for spec in specs
         }
-        claimed = await asyncio.to_thread(
-            self._write,
-            lambda: claim_group(self.client, self.config.run.id, self._inflight_key, listing, bound),
-        )
+        reason = "ahead_of_learner"
+        try:
+            claimed = await asyncio.to_thread(
+                self._write,
+                lambda: claim_group(self.client, self.config.run.id, self._inflight_key, listing, bound),
+            )
+        except RedisBackpressure:  # nothing was written and nothing is lost: start the group once Redis has room
+            claimed, reason = False, "redis_full"
         if claimed:
             return True
         await asyncio.sleep(GATE_CHECK_S)
         self.stats.throttled_s += GATE_CHECK_S
-        metric("actor_throttled_seconds_total").labels(worker=self._label, reason="ahead_of_learner").inc(GATE_CHECK_S)
+        metric("actor_throttled_seconds_total").labels(worker=self._label, reason=reason).inc(GATE_CHECK_S)
         return False
 
     def _write(self, call):
@@ -205,16 +221,18 @@ class ActorWorker:
 
     async def run(self, max_groups: int | None = None) -> WorkerStats:
         """Play groups until stop() (or `max_groups` groups finished); returns the stats. Starts by
-        marking a previous incarnation's half episodes abandoned, before anything new is played."""
+        marking a previous incarnation's half episodes abandoned, before anything new is played. A
+        background or group task that fails ends it with that task's exception."""
+        self._failure = None
         self.mark_abandoned()
-        flusher = asyncio.create_task(self._flush_loop())
-        syncer = asyncio.create_task(self._weights_loop()) if self.weights is not None else None
+        flusher = self._watched(self._flush_loop())
+        syncer = self._watched(self._weights_loop()) if self.weights is not None else None
         capacity = max(self.config.actors.envs_per_worker, self.config.actors.group_size)
         running = self._running
         slots = asyncio.Semaphore(self.config.actors.envs_per_worker)
         waiting: list[EpisodeSpec] | None = None
         try:
-            while not self._stopping.is_set() and (max_groups is None or self.stats.groups_started < max_groups):
+            while self._going() and (max_groups is None or self.stats.groups_started < max_groups):
                 if len(running) * self.config.actors.group_size + self.config.actors.group_size > capacity:
                     await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                     running.difference_update([task for task in running if task.done()])
@@ -228,19 +246,41 @@ class ActorWorker:
                     waiting = specs
                     continue
                 self.stats.groups_started += 1
-                running.add(asyncio.create_task(self._play_group(specs, slots)))
+                running.add(self._watched(self._play_group(specs, slots)))
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
         finally:
             for task in running:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
+            running.clear()  # a loop started again after a failure begins with no group in play
             flusher.cancel()
             if syncer is not None:
                 syncer.cancel()
-            self._flush()
-            self.mark_abandoned()  # episodes cut short by a stop
+            if not isinstance(self._failure, StepsLost):  # past the window: the restarted loop marks them
+                await self.outbox.drain()
+                self.mark_abandoned()  # episodes cut short by a stop
+            else:
+                self.outbox.count_lost("worker_failed")  # steps of episodes cut short after the failure
+        if self._failure is not None:
+            raise self._failure
         return self.stats
+
+    def _going(self) -> bool:
+        return not self._stopping.is_set() and self._failure is None
+
+    def _watched(self, coroutine) -> asyncio.Task:
+        """A task whose failure ends run(): its exception is kept and every group in play is cut short."""
+        task = asyncio.create_task(coroutine)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is None or self._failure is not None:
+            return
+        self._failure = task.exception()
+        for running in self._running:
+            running.cancel()
 
     def stop(self) -> None:
         """Start no new groups and cut the ones in flight short: their episodes are marked abandoned
@@ -271,11 +311,11 @@ class ActorWorker:
             env = self._borrow_env()
             try:
                 result = await play_episode(
-                    spec, env, self.engine, self.builder, self.retrieval, self._outbox.append, self.stats.timers
+                    spec, env, self.engine, self.builder, self.retrieval, self._emit, self.stats.timers
                 )
             finally:
                 self._envs.append(env)
-        self._flush()  # the episode's last step is in the stream before it leaves the in-flight list
+        await self.outbox.drain()  # the episode's last step is in the stream before it leaves the in-flight list
         self._write(lambda: self.client.hdel(self._inflight_key, spec.episode_id))
         self._count(result)
         return result
@@ -293,20 +333,19 @@ class ActorWorker:
 
     # -- stream output ----------------------------------------------------------------------------
 
-    def _flush(self) -> None:
-        if self._outbox:
-            batch, self._outbox[:] = list(self._outbox), []
-            started = time.perf_counter()
-            self.producer.send(batch)
-            self.stats.timers.overhead_s += time.perf_counter() - started
-            metric("actor_generated_tokens_total").labels(worker=self._label).inc(
-                sum(len(r.response_ids) for r in batch)
-            )
+    async def _emit(self, record: StepRecord) -> None:
+        """A step played: into the outbox; while the outbox is full the episode waits for Redis."""
+        self.outbox.add(record)
+        metric("actor_generated_tokens_total").labels(worker=self._label).inc(len(record.response_ids))
+        if self.outbox.full:
+            await self.outbox.drain()
 
     async def _flush_loop(self) -> None:
         while True:
             await asyncio.sleep(FLUSH_INTERVAL_S)
-            self._flush()
+            started = time.perf_counter()
+            self.outbox.flush()
+            self.stats.timers.overhead_s += time.perf_counter() - started
 
     # -- weights, staleness and backpressure ------------------------------------------------------
 
@@ -352,7 +391,7 @@ class ActorWorker:
         version = self.weights.learner_version
         if version != self._sync_full_version and self.weights.current_version(self.engine) == version:
             claims_key = sync_claims_key(self.config.run.id)
-            claimed = await asyncio.to_thread(self.client.hincrby, claims_key, str(version), 1)
+            claimed = await asyncio.to_thread(self._write, lambda: self.client.hincrby(claims_key, str(version), 1))
             if claimed <= self.config.learner.tasks_per_step:
                 return True
             self._sync_full_version = version

@@ -107,11 +107,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     load_plugins(config.envs.plugins)  # a bad plugin fails here, before Redis, Ray and the model start
     from driver.supervision import ComponentFailed
     from driver.train import train
+    from slea.redis_conn import RedisBackpressure, RedisUnavailable
 
     try:
         return train(config, resume_dir=args.resume)
     except ComponentFailed as exc:  # a learner or library writer died past run.max_failures
         print(f"slea: {exc}", file=sys.stderr)
+        return 1
+    except (RedisUnavailable, RedisBackpressure) as exc:  # the driver's own writes gave up (its shutdown has run)
+        run_dir = Path(config.run.dir) / config.run.id
+        print(
+            f"slea: the run stopped: Redis did not answer or take the driver's writes within redis.reconnect_max_s "
+            f"({config.redis.reconnect_max_s:g} s); the learner checkpointed and the library snapshotted where they "
+            f"could. Bring Redis back (runbook: SleaRedisMemoryNearLimit for a full one), then "
+            f"`slea train --resume {run_dir}`. ({exc})",
+            file=sys.stderr,
+        )
         return 1
 
 
@@ -412,7 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--by-preset",
         action="store_true",
         help="runs of one preset (and run.edge) are seeds of one arm: success, invalid actions and reward per "
-        "arm and step with 95%% bootstrap intervals over seeds and tasks, and each pair's difference",
+        "arm and step, and each pair's difference, with 95%% t intervals over seeds (paired by seed where both "
+        "arms ran the same seeds, else Welch) and their half-widths, beside a bootstrap over tasks (evaluation noise)",
     )
     compare.add_argument("--out-dir", default="study", metavar="DIR", help="--by-preset: where the plots go")
     compare.set_defaults(func=cmd_compare)

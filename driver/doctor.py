@@ -7,7 +7,9 @@ import importlib
 import importlib.util
 import json
 import shutil
+import subprocess
 import sys
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -61,19 +63,69 @@ def _ray_disk() -> Check:
     return Check("disk for Ray", room.room_bytes > 0, room.describe(), "free space on that disk, or set RAY_TMPDIR")
 
 
+# The CUDA the GPU install runs: PyPI's torch 2.13.0 is a CUDA 13.0 build (its requirement
+# cuda-toolkit==13.0.3, checked by tests/deploy/test_gpu_resolve.py) and vllm 0.32.0 ships cu13
+# kernels. CUDA 13.0 runs on NVIDIA drivers 580 and newer (NVIDIA's CUDA 13.0 release notes:
+# 580.65.06); on an older driver torch warns "The NVIDIA driver on your system is too old" and
+# is_available() is False, which a user otherwise reads as "no GPU". Dockerfile.gpu's base image
+# (CUDA_TAG) and deploy/README.md say the same (tests/driver/test_doctor_gpu.py).
+GPU_CUDA = "13.0"
+MIN_DRIVER = 580
+
+
+def gpu_check(
+    driver: str | None, cuda_available: bool, torch_cuda: str | None, devices: str, warning: str = ""
+) -> Check:
+    """The GPU line from plain facts: the driver nvidia-smi reports (None: no nvidia-smi), whether
+    torch can use CUDA, the CUDA torch was built for (None: a CPU build), the devices torch sees,
+    and the warning torch gave when it could not use CUDA (its own words: the cause)."""
+    if cuda_available:
+        return Check("gpu", True, f"{devices}, CUDA {torch_cuda}, driver {driver}", required=False)
+    if driver is None:
+        return Check(
+            "gpu",
+            False,
+            "no NVIDIA driver (CPU engine and learner will be used)",
+            "only needed for configs/gpu.yaml",
+            False,
+        )
+    if torch_cuda is None:
+        return Check(
+            "gpu", False, f"driver {driver}, but torch is a CPU build", f"install PyPI's torch (CUDA {GPU_CUDA})", False
+        )
+    too_old = int(driver.split(".")[0]) < MIN_DRIVER
+    detail = f"driver {driver}, torch built for CUDA {torch_cuda}, CUDA unusable" + (f": {warning}" if warning else "")
+    fix = f"upgrade the NVIDIA driver to >= {MIN_DRIVER} (CUDA {GPU_CUDA})" if too_old else "see torch's warning"
+    return Check("gpu", False, detail, fix, False)
+
+
+def _nvidia_driver() -> str | None:
+    """The driver version nvidia-smi reports, None where there is none (or it fails)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        result = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = result.stdout.split()
+    return lines[0] if result.returncode == 0 and lines else None
+
+
 def _gpu() -> Check:
     try:
         import torch
 
-        if torch.cuda.is_available():
-            return Check("gpu", True, f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}", required=False)
-        return Check(
-            "gpu",
-            False,
-            "no CUDA device (CPU engine and learner will be used)",
-            "only needed for configs/gpu.yaml",
-            False,
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            available = torch.cuda.is_available()
+        devices = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if available else ""
+        warning = " ".join(str(item.message) for item in caught)
+        return gpu_check(_nvidia_driver(), available, torch.version.cuda, devices, warning)
     except Exception as exc:
         return Check("gpu", False, str(exc), "install torch", False)
 

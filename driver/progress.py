@@ -28,19 +28,28 @@ class RunConsole:
     def __init__(self, console: Console):
         self.console = console
         self.started = time.monotonic()
+        self.log = None  # driver/run_log.py AttemptLog: every line also goes into the run directory
+
+    def line(self, text: str) -> None:
+        """`text` as one line, on the console and in the attempt's log."""
+        self.console.print(text, highlight=False, soft_wrap=True)
+        if self.log is not None:
+            self.log.write(text)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
     def note(self, text: str) -> None:
         # soft_wrap: a log line stays one line (off a terminal rich would wrap it at 80 columns)
-        self.console.print(f"[dim]{self.elapsed():6.1f}s[/] {text}", highlight=False, soft_wrap=True)
+        self.line(f"[dim]{self.elapsed():6.1f}s[/] {text}")
 
     @contextlib.contextmanager
     def phase(self, doing: str) -> Iterator[None]:
         """`doing` while the block runs (a spinner on a terminal, a line in a log), then its duration."""
         started = time.monotonic()
         if self.console.is_terminal:
+            if self.log is not None:  # the spinner's line, which the log has no other way to show
+                self.log.write(f"{self.elapsed():6.1f}s {doing} ...")
             with self.console.status(f"{doing} ..."):
                 yield
         else:

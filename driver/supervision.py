@@ -4,15 +4,19 @@ A learner or library writer that dies (its process killed, out of memory, an exc
 bad record) does not end the run: the driver kills what is left of it and starts a new one,
 which resumes by itself (the learner from its latest checkpoint, re-reading its pending stream
 entries, the version line continuing where the registry left it; the writer from its latest
-snapshot, or Redis's). `run.max_failures` bounds the restarts of both together, so a component
-that dies on every start (a bad config, a poison entry the dead-letter path cannot catch) stops
-the run with its last error instead of looping forever; past it the driver raises
-ComponentFailed and `_shutdown` still stops the others in order (the library's final snapshot).
+snapshot, or Redis's). `run.max_failures` bounds the failures of both together within
+`run.failure_window_s`, so a component that dies on every start (a bad config, a poison entry
+the dead-letter path cannot catch) stops the run with its last error instead of looping forever,
+while a long run survives rare faults spread over days; past it the driver raises ComponentFailed
+and `_shutdown` still stops the others in order (the library's final snapshot). A restart that
+fails (no node can place the learner, its rebuild killed) is one more failure, and is tried again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +29,7 @@ ERROR_CHARS = 300  # of a dead component's error in the console line and the fin
 
 
 class ComponentFailed(RuntimeError):
-    """A component died once more than `run.max_failures` allows: the run stops."""
+    """A component failed once more than `run.max_failures` allows within the window: the run stops."""
 
 
 @dataclass
@@ -61,12 +65,22 @@ class Supervised:
 
 
 class Supervisor:
-    """Checks each component every poll and restarts a dead one within `max_failures` in all."""
+    """Checks each component every poll and restarts a dead one, up to `max_failures` within any
+    `window_s` seconds (run.failure_window_s), all components together."""
 
-    def __init__(self, max_failures: int, say: Callable[[str], None]):
+    def __init__(
+        self,
+        max_failures: int,
+        say: Callable[[str], None],
+        window_s: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.max_failures = max_failures
         self.say = say  # one line to the driver's console
+        self.window_s = window_s
+        self.clock = clock
         self.restarts = 0  # of all components so far
+        self._failures: deque[float] = deque()  # clock() of each failure within the window
 
     def finished(self, component: Supervised, timeout_s: float = 0.0) -> bool:
         """Wait up to `timeout_s` for a run() to return: True when the component finished its work
@@ -86,20 +100,35 @@ class Supervisor:
         return False
 
     def restart(self, component: Supervised, error: str) -> None:
-        component.kill()  # a rank that raised is still alive, holding its ports, memory and process group
-        if self.restarts >= self.max_failures:
-            raise ComponentFailed(
-                f"the {component.name} died ({error}) after {self.restarts} restart(s) of the learner and library "
-                f"writer, the most run.max_failures={self.max_failures} allows: the run stops. Its run directory "
-                "resumes with `slea train --resume <run dir>` once the cause is fixed."
+        """Kill what is left of the component and start it again; a start that raises is one more
+        failure and is tried again, until the budget runs out (ComponentFailed)."""
+        while True:
+            component.kill()  # a rank that raised is still alive, holding its ports, memory and process group
+            self._count_failure(component, error)
+            self.restarts += 1
+            metric("run_component_restarts_total").labels(component=component.name.replace(" ", "_")).inc()
+            self.say(
+                f"[yellow]{component.name} died[/] ({error}): restarting from {component.resumes_from()}, "
+                f"failure {len(self._failures)} of {self.max_failures} within {self.window_s:g} s"
             )
-        self.restarts += 1
-        metric("run_component_restarts_total").labels(component=component.name.replace(" ", "_")).inc()
-        self.say(
-            f"[yellow]{component.name} died[/] ({error}): restarting from {component.resumes_from()}, "
-            f"restart {self.restarts} of {self.max_failures}"
-        )
-        component.launch()
+            try:
+                component.launch()
+                return
+            except Exception as exc:  # any start failure is the component's, not the driver's
+                error = f"its restart failed ({describe(exc)})"
+
+    def _count_failure(self, component: Supervised, error: str) -> None:
+        now = self.clock()
+        while self._failures and self._failures[0] <= now - self.window_s:
+            self._failures.popleft()
+        if len(self._failures) >= self.max_failures:
+            raise ComponentFailed(
+                f"the {component.name} died ({error}): {len(self._failures) + 1} failures within "
+                f"{self.window_s:g} s (run.failure_window_s) of the learner and library writer, more than "
+                f"run.max_failures={self.max_failures} allows: the run stops. Its run directory resumes with "
+                "`slea train --resume <run dir>` once the cause is fixed."
+            )
+        self._failures.append(now)
 
 
 def describe(exc: BaseException) -> str:

@@ -29,14 +29,21 @@ from rich.console import Console
 from rich.live import Live
 
 from driver.progress import Progress, RunConsole, summary_lines
+from driver.retention import retained
 from slea.channels import RAY_NAMESPACE
 from slea.config import ConfigError, SleaConfig, check_trainable
+from slea.gpu_visibility import gpu_options
 from slea.redis_conn import connect, with_reconnect
-from slea.services import STREAM_GROUPS, prepare_run_dir, redis_for_run, sigterm_as_interrupt
-from slea.stream_admin import expire_run, group_stats, keep_run, trim_acknowledged
+from slea.services import prepare_run_dir, redis_for_run, sigterm_as_interrupt, stream_groups
+from slea.stream_admin import group_stats, trim_acknowledged
 from slea.streams import ensure_group
 
 POLL_S = 2.0
+# A graceful stop's waits (_shutdown), one after the other after the actors' (actors/pool.py
+# RETIRE_TIMEOUT_S): the pods that run the stop outlive their sum (deploy/k8s/base/rayjob.yaml
+# terminationGracePeriodSeconds), or Kubernetes kills them before the checkpoint is on the claim.
+LEARNER_CHECKPOINT_WAIT_S = 600.0  # for the learner's final checkpoint (a large model's ZeRO state)
+LIBRARY_SNAPSHOT_WAIT_S = 300.0  # for the library writer's final snapshot
 
 
 def run_metrics(learner: dict, lags: dict[str, int], library: dict | None, pool: list[dict] | None = None) -> dict:
@@ -87,6 +94,19 @@ def train(config: SleaConfig, resume_dir: str | None = None) -> int:
     console = RunConsole(Console(stderr=True))
     check_trainable(config)
     run_dir = prepare_run_dir(config, resume_dir)
+    from driver.run_log import AttemptLog
+
+    console.log = AttemptLog(run_dir)  # this attempt's lines, warnings and failure, on the run's volume
+    try:
+        return _train(config, run_dir, console, resumed=resume_dir is not None)
+    except BaseException as exc:
+        console.log.failure(exc)
+        raise
+    finally:
+        console.log.close()
+
+
+def _train(config: SleaConfig, run_dir, console: RunConsole, resumed: bool) -> int:
     console.note(
         f"[bold]slea train[/] run [cyan]{config.run.id}[/] preset [cyan]{config.run.preset}[/] "
         f"env [cyan]{config.envs.name}[/] model [cyan]{config.model.name}[/], {config.learner.max_steps} learner "
@@ -112,31 +132,10 @@ def train(config: SleaConfig, resume_dir: str | None = None) -> int:
             ):
                 config.redis.url = services.enter_context(redis_for_run(config, run_dir))
             if shared_redis and config.redis.retention_s is not None:
-                services.enter_context(_retained(config, console))
-            return _run(config, run_dir, console, resumed=resume_dir is not None)
+                services.enter_context(retained(config, console))
+            return _run(config, run_dir, console, resumed=resumed)
     finally:
         signal.signal(signal.SIGINT, previous_handler)
-
-
-@contextlib.contextmanager
-def _retained(config: SleaConfig, console: RunConsole):
-    """A shared Redis keeps the run's keys while it runs (a resumed run's stop expiring) and for
-    `redis.retention_s` after it ends, however it ends; then they expire (deploy/README.md)."""
-    client = connect(config.redis)
-    try:
-        keep_run(client, config.run.id)
-        yield
-    finally:
-        days = config.redis.retention_s / 86400
-        try:
-            expired = expire_run(client, config.run.id, config.redis.retention_s)
-            console.note(
-                f"Redis keeps this run's {expired} keys for {days:g} days (redis.retention_s), then drops them"
-            )
-        except redis.RedisError as exc:  # Redis gone at the very end: the keys stay until a resume or by hand
-            console.note(f"[yellow]could not set this run's keys to expire in Redis ({exc}); they stay[/]")
-        finally:
-            client.close()
 
 
 def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False) -> int:
@@ -145,14 +144,18 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
     from driver.supervision import Supervisor
 
     client = connect(config.redis)
-    stream = config.stream_key()
-    for group in STREAM_GROUPS:
-        ensure_group(client, stream, group)
+    unread = create_stream_groups(client, config)
+    if unread:
+        console.note(
+            f"[yellow]warning[/]: the stream {config.stream_key()} has consumer group(s) {', '.join(unread)} that this "
+            "run does not read; the driver trims only what every group acknowledged, so the stream grows until they "
+            f"read it or are removed (XGROUP DESTROY {config.stream_key()} <group>)"
+        )
     _join_ray(config, console)
     recorder = _recorder(config, run_dir)
     progress = Progress(config)
     library = learner = pool = sizer = None
-    supervisor = Supervisor(config.run.max_failures, console.note)
+    supervisor = Supervisor(config.run.max_failures, console.note, window_s=config.run.failure_window_s)
     summaries, stats = [], None
     try:
         _check_gpus(config, console)
@@ -238,6 +241,15 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
     return 0
 
 
+def create_stream_groups(client: redis.Redis, config: SleaConfig) -> list[str]:
+    """The groups the run reads (slea/services.py stream_groups), before any actor writes: a group
+    created later would miss the entries before it. Returns the stream's other groups (an operator's,
+    or a `library` group an older slea made for a run without a library): they hold trimming back."""
+    for group in stream_groups(config):
+        ensure_group(client, config.stream_key(), group)
+    return sorted(set(group_stats(client, config.stream_key())) - set(stream_groups(config)))
+
+
 def _join_ray(config: SleaConfig, console: RunConsole) -> None:
     """Start a local Ray or join `ray.address`; the driver's metrics go out on Ray's port or their own."""
     from monitoring.ray_metrics import use_ray_metrics
@@ -274,9 +286,9 @@ def _print_summary(run_dir, progress: Progress, summaries: list[dict], stats, co
     evaluations = [entry for entry in read_metrics(run_dir) if "eval/success_rate" in entry]
     checkpoint = latest_checkpoint(run_dir / "learner" / "checkpoints")
     lines = summary_lines(evaluations, progress, summaries, stats, run_dir, checkpoint, console.elapsed())
-    console.console.print("[green]done[/]: " + lines[0], highlight=False, soft_wrap=True)
+    console.line("[green]done[/]: " + lines[0])
     for line in lines[1:]:
-        console.console.print("  " + line, highlight=False, soft_wrap=True)
+        console.line("  " + line)
 
 
 class Watch:
@@ -304,7 +316,7 @@ class Watch:
     ):
         self.config, self.client, self.pool, self.sizer = config, client, pool, sizer
         self.stream = config.stream_key()
-        self.trimmed_groups = list(STREAM_GROUPS) if config.library.enabled else ["learner"]
+        self.trimmed_groups = list(stream_groups(config))
         self.drain_learner, self.library_stats = drain_learner, library_stats
         self.progress, self.recorder, self.console, self.evals, self.live = progress, recorder, console, evals, live
         self.summaries: list[dict] = []  # the actor workers' latest summaries
@@ -348,9 +360,9 @@ def _start_library(config: SleaConfig, run_dir):
     from library.service import start_serve_app
 
     def start():
-        writer = LibraryProcess.options(num_cpus=1, resources=dict(config.library.resources) or None).remote(
-            config.model_dump(mode="json"), config.redis.url, str(run_dir)
-        )
+        writer = LibraryProcess.options(
+            num_cpus=1, resources=dict(config.library.resources) or None, **gpu_options(0)
+        ).remote(config.model_dump(mode="json"), config.redis.url, str(run_dir))
         return [writer], [writer.run.remote()]
 
     library = Supervised("library writer", start, lambda: snapshot_text(run_dir), runs_until_stopped=True)
@@ -369,8 +381,8 @@ def _start_learner(config: SleaConfig, run_dir):
         ranks = start_learner(
             config,
             num_cpus=config.learner.num_cpus,
-            num_gpus=config.learner.num_gpus,
             resources=dict(config.learner.resources) or None,
+            **gpu_options(config.learner.num_gpus),
         )
         return ranks, [rank.run.remote() for rank in ranks]
 
@@ -398,7 +410,7 @@ def _start_evaluator(config: SleaConfig, run_dir):
         return None
     from driver.train_eval import EvalSchedule, PanelEvaluator
 
-    evaluator = PanelEvaluator.options(num_cpus=config.eval.num_cpus, num_gpus=config.eval.num_gpus).remote(
+    evaluator = PanelEvaluator.options(num_cpus=config.eval.num_cpus, **gpu_options(config.eval.num_gpus)).remote(
         config.model_dump(mode="json"), str(run_dir)
     )
     return EvalSchedule(evaluator, config.eval.every)
@@ -440,12 +452,12 @@ def _shutdown(pool, learner, library, recorder) -> None:
         pool.stop()
     if learner is not None:
         learner.head.stop.remote()
-        ray.wait(learner.runs, num_returns=len(learner.runs), timeout=600)
+        ray.wait(learner.runs, num_returns=len(learner.runs), timeout=LEARNER_CHECKPOINT_WAIT_S)
         for metrics in learner.call("drain_metrics", default=[]):
             recorder.record(metrics["learner_step"], run_metrics(metrics, {}, None))
     if library is not None:
         library.head.stop.remote()
-        ray.wait(library.runs, timeout=300)
+        ray.wait(library.runs, timeout=LIBRARY_SNAPSHOT_WAIT_S)
         from ray import serve
 
         serve.shutdown()

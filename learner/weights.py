@@ -111,7 +111,7 @@ class VersionRecord:
 
     def record(self, version: int) -> None:
         with_reconnect(
-            lambda: self.client.set(self.key, version),
+            lambda: self.client.set(self.key, version, keepttl=True),  # the driver refreshes its expiry
             max_wait_s=self.reconnect_max_s,
             what="the policy version record",
         )

@@ -30,6 +30,7 @@ from library.sync import Follower
 from slea.channels import LibraryNotPublished
 from slea.config import SleaConfig, load_config
 from slea.cpu_threads import use_assigned_cpus
+from slea.gpu_visibility import gpu_options
 from slea.redis_conn import connect
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ def build_app(config: SleaConfig, redis_url: str):
     # max_queued_requests more; beyond that Serve answers 503 "dropped due to backpressure"
     # instead of queueing without limit until memory or latency gives out.
     options: dict = {
-        "ray_actor_options": {"num_cpus": 1, "resources": dict(cfg.resources)},
+        "ray_actor_options": {"num_cpus": 1, "resources": dict(cfg.resources), **gpu_options(0)},  # CPU replicas
         "max_ongoing_requests": cfg.max_ongoing_requests,
         "max_queued_requests": cfg.max_queued_requests,
     }

@@ -11,12 +11,17 @@ replicas already saw, so a delta of another epoch also sends a replica back to t
 A writer's start also names its run the current one (slea:current_library_run), in the same
 transaction as its snapshot: a replica set to follow the current run (the RayService, which no
 training job's run id is known to in advance) moves to a new run's library as soon as that run's
-writer has published it, never to a run with nothing to serve yet.
+writer has published it, never to a run with nothing to serve yet. The pointer only moves forward:
+a writer takes it only from a run whose library started no later than its own (the start time is
+kept in slea:<run>:library:started from the run's first writer on), or whose keys have expired, so
+a restarted writer of an older run never points the RayService back at a run that is not training.
+Overwrites keep the key's expiry (SET KEEPTTL): the driver refreshes it (driver/retention.py).
 """
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import redis
@@ -37,6 +42,11 @@ def snapshot_key(run_id: str) -> str:
 
 def epoch_key(run_id: str) -> str:
     return f"slea:{run_id}:library:epoch"
+
+
+def started_key(run_id: str) -> str:
+    """Unix time the run's first library writer started: orders runs for slea:current_library_run."""
+    return f"slea:{run_id}:library:started"
 
 
 class Publisher:
@@ -60,17 +70,30 @@ class Publisher:
     def start(self, text: str) -> None:
         """Begin an epoch from the writer's restored (or empty) state: old deltas go, the snapshot
         and epoch are replaced together so a replica never pairs one epoch with another's state,
-        and the run becomes the current one for replicas that follow it."""
+        and the run becomes the current one for replicas that follow it unless a run whose library
+        started later holds it (WATCH: a writer of that run starting at the same time retries)."""
 
-        def replace():
-            pipe = self.client.pipeline(transaction=True)
+        def replace(pipe) -> None:
+            current, started = pipe.get(CURRENT_LIBRARY_RUN_KEY), pipe.get(started_key(self.run_id))
+            started = float(started) if started is not None else time.time()
+            take = current is None or current.decode() == self.run_id
+            if not take:
+                pipe.watch(started_key(current.decode()))
+                theirs = pipe.get(started_key(current.decode()))
+                take = theirs is None or float(theirs) <= started  # None: that run's keys expired
+            pipe.multi()
             pipe.delete(deltas_key(self.run_id))
-            pipe.set(snapshot_key(self.run_id), text)
-            pipe.set(epoch_key(self.run_id), self.epoch)
-            pipe.set(CURRENT_LIBRARY_RUN_KEY, self.run_id)
-            pipe.execute()
+            pipe.set(snapshot_key(self.run_id), text, keepttl=True)
+            pipe.set(epoch_key(self.run_id), self.epoch, keepttl=True)
+            pipe.set(started_key(self.run_id), repr(started), nx=True)
+            if take:  # from another run: its expiry is not this run's, the driver's next refresh sets ours
+                pipe.set(
+                    CURRENT_LIBRARY_RUN_KEY,
+                    self.run_id,
+                    keepttl=current is not None and current.decode() == self.run_id,
+                )
 
-        self._retry(replace)
+        self._retry(lambda: self.client.transaction(replace, CURRENT_LIBRARY_RUN_KEY, started_key(self.run_id)))
 
     def published_snapshot(self) -> str | None:
         """The last snapshot published for this run (by any writer), or None if there is none."""
@@ -86,7 +109,7 @@ class Publisher:
     def publish_snapshot(self, text: str) -> None:
         """Store the snapshot, then drop deltas older than the previous snapshot's period: a
         replica within one period catches up from deltas, one further behind reloads."""
-        self._retry(lambda: self.client.set(snapshot_key(self.run_id), text))
+        self._retry(lambda: self.client.set(snapshot_key(self.run_id), text, keepttl=True))
         keep_from, self._first_since_snapshot = self._first_since_snapshot, None
         if keep_from is not None:
             self._retry(lambda: self.client.xtrim(deltas_key(self.run_id), minid=keep_from, approximate=False))

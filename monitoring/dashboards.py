@@ -154,6 +154,10 @@ ACTORS = Dashboard(
             "Weight updates/min by worker", [(f"60 * {_rate_by('actor_weight_updates_total', 'worker')}", "{{worker}}")]
         ),
         Panel(
+            "Steps lost (last hour)",
+            [(f"sum by (worker, reason) (increase({m('actor_steps_lost_total')}[1h]))", "{{worker}} {{reason}}")],
+        ),
+        Panel(
             "Actor workers: desired and alive",
             [
                 (f"max({m('actor_pool_desired_workers')})", "desired"),

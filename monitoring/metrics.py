@@ -184,6 +184,12 @@ CATALOGUE: dict[str, MetricSpec] = {
         MetricSpec(
             "actor_weight_updates_total", "counter", "Weight versions an actor worker switched to.", ("worker",)
         ),
+        MetricSpec(
+            "actor_steps_lost_total",
+            "counter",
+            "Steps played that never reached the stream: Redis refused or was away past redis.reconnect_max_s.",
+            ("worker", "reason"),
+        ),
         # actor pool size (driver/pool_control.py: the driver exports these)
         MetricSpec(
             "actor_pool_desired_workers", "gauge", "Actor workers the pool is asked to have (slea scale, autoscale)."

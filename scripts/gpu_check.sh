@@ -16,9 +16,14 @@ if [ -x .venv/bin/python ] && [ "${PYTHON}" = python ]; then
   PYTHON=.venv/bin/python
 fi
 
-if ! "${PYTHON}" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  echo "gpu_check: no CUDA GPU here (torch.cuda.is_available() is False in ${PYTHON}):" \
-       "run it on a GPU machine with the CUDA build of torch and the gpu extra (vllm)." >&2
+# torch's own warning says why CUDA is unusable ("The NVIDIA driver on your system is too old"):
+# shown, never swallowed, with the driver and the CUDA torch was built for (CUDA 13.0 needs >= 580).
+if ! torch_said=$("${PYTHON}" -c "import torch, sys; print('torch', torch.__version__, 'built for CUDA', torch.version.cuda)
+sys.exit(0 if torch.cuda.is_available() else 1)" 2>&1); then
+  echo "gpu_check: CUDA is unusable in ${PYTHON} (torch.cuda.is_available() is False). torch said:" >&2
+  echo "${torch_said}" | sed 's/^/  /' >&2
+  echo "  NVIDIA driver: $(command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 | head -1 || echo "none (no nvidia-smi)")" \
+       "(PyPI's torch 2.13 is a CUDA 13.0 build: driver >= 580; slea doctor checks it)" >&2
   exit 2
 fi
 "${PYTHON}" -c "import vllm" 2>/dev/null || {

@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
-# The TextWorld learning study of docs/learning.md (issue 21): SLEA and GRPO with 3 seeds each,
-# task-level retrieval and SLEA with EDGE with 2 seeds each, one run after the other (two learners
-# do not fit in 24 GiB together), from configs/textworld-study.yaml; then every kept run's arms with
-# 95% intervals (`slea compare --by-preset`) into docs/learning/. The first run also evaluates the
-# base model before its first update: every run starts from that same policy (and an empty
-# library), so the others skip that evaluation and share it as the baseline.
+# The TextWorld learning study of docs/learning.md ("Planned study", issue 37): SLEA against GRPO
+# only, training seeds 0-7 for both arms (a seed's two runs share its task stream, so the
+# difference is paired by seed), one run after the other (two learners do not fit in 24 GiB
+# together), from configs/textworld-study.yaml (16 updates of 8 episodes; held-out evaluations before
+# the first update and after the last); then every kept run's arms with 95% intervals over seeds and
+# over tasks (`slea compare --by-preset`) into the kept folder's study.md. The first run also
+# evaluates the base model before its first update: every run starts from that same policy (and an
+# empty library), so the others skip that evaluation and share it as the baseline.
 #
-# Runs go to runs/<id>; each finished run is kept in docs/learning/runs/<id>/ (its resolved config,
+# Runs go to runs/<id>; each finished run is kept in ${KEPT_ROOT}/<id>/ (its resolved config,
 # its held-out evaluation and library lines, every held-out episode, the library's listing at each
 # evaluation, how long it took), which is committed, and
 # a run kept there is not repeated: the study can be completed across sessions, a run at a time.
 #   bash scripts/learning_comparison.sh                    # every arm and seed not kept yet
 #   ARMS="grpo:0" bash scripts/learning_comparison.sh      # one run (preset[+edge]:seed ...)
-#   CONFIG=configs/textworld-learning.yaml ...             # another setting
+# The first study (issue 21; 4 arms, 2-3 seeds, tw-simple on its panel) is kept in docs/learning/runs/
+# with the config each run resolved; its command was CONFIG=<that config> KEPT_ROOT=docs/learning/runs
+# ARMS="slea:0 grpo:0 slea:1 grpo:1 task_retrieval:0 slea+edge:0 slea:2 grpo:2 task_retrieval:1 slea+edge:1".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config=${CONFIG:-configs/textworld-study.yaml}
-arms=${ARMS:-"slea:0 grpo:0 slea:1 grpo:1 task_retrieval:0 slea+edge:0 slea:2 grpo:2 task_retrieval:1 slea+edge:1"}
-kept_root=docs/learning/runs
+arms=${ARMS:-"slea:0 grpo:0 slea:1 grpo:1 slea:2 grpo:2 slea:3 grpo:3 slea:4 grpo:4 slea:5 grpo:5 slea:6 grpo:6 slea:7 grpo:7"}
+kept_root=${KEPT_ROOT:-docs/learning/slea-vs-grpo}
 baseline=true
 if [ -n "$(ls -A "${kept_root}" 2>/dev/null)" ]; then
   baseline=false  # a kept run already holds the base model's evaluation
@@ -49,4 +53,4 @@ for arm in ${arms}; do
 keep_episodes(Path(sys.argv[1]), Path(sys.argv[2]))" "runs/${id}" "${kept_root}/${id}"
   baseline=false
 done
-.venv/bin/slea compare "${kept_root}"/*/ --by-preset --out-dir docs/learning | tee docs/learning/study.md
+.venv/bin/slea compare "${kept_root}"/*/ --by-preset --out-dir "${kept_root}" | tee "${kept_root}/study.md"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +50,10 @@ class _Section(BaseModel):
 
 class RunConfig(_Section):
     id: str = Field("local", description="Run id; names the Redis stream slea:<id>:steps and the run directory.")
+    id_env: str | None = Field(
+        None,
+        description="Environment variable whose value is the run id (the cluster's SLEA_RUN_ID, the pods' slea.io/run label): read by the process that loads the config, with no shell between to expand it or not; once read, run.id holds it and this is null.",
+    )
     dir: str = Field("runs", description="Parent folder of run directories.")
     seed: int = Field(0, description="Seed for task sampling, generation and training.")
     preset: Literal["slea", "grpo", "task_retrieval", "custom"] = Field(
@@ -62,13 +67,35 @@ class RunConfig(_Section):
     max_failures: int = Field(
         3,
         ge=0,
-        description="Restarts of a dead learner or library writer, both together, before the run stops (actor workers restart without limit).",
+        description="Restarts of a dead learner or library writer, both together, within run.failure_window_s before the run stops (actor workers restart without limit).",
+    )
+    failure_window_s: float = Field(
+        3600.0,
+        gt=0,
+        description="Window of run.max_failures: an hour, so a crash loop stops the run in minutes while a week-long run survives rare faults (a preempted node, an OOM kill); the SleaComponentRestarts alert uses the same hour.",
     )
     max_seconds: float | None = Field(
         None,
         gt=0,
         description="Stop training after this many seconds, counted from the actors' start: the learner finishes its step and checkpoints, as at learner.max_steps (null: no time limit).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _id_from_the_environment(cls, data: Any) -> Any:
+        """KubeRay pastes a RayJob's entrypoint into the submitter pod's `bash -ce`, which expands
+        `${SLEA_RUN_ID}` in the submitter's environment (where it is unset) before the head ever
+        sees it; the variable's name crosses every shell unchanged, and the driver reads it here."""
+        if isinstance(data, dict) and (name := data.get("id_env")):
+            value = os.environ.get(name, "")
+            if not value:
+                raise ValueError(
+                    f"run.id_env names the environment variable {name}, which is not set or empty in this "
+                    "process (the cluster sets it on the Ray head from the pods' slea.io/run label); "
+                    "set it, or give run.id instead"
+                )
+            data = {**data, "id": value, "id_env": None}
+        return data
 
     @field_validator("id")
     @classmethod
@@ -106,9 +133,9 @@ class RedisConfig(_Section):
     retention_s: int | None = Field(
         7 * 24 * 3600,
         gt=0,
-        description="In a configured (shared) Redis, a run's keys expire this long after it ends (finished, stopped "
-        "or failed); resuming it within that time keeps them. null keeps them forever. The embedded Redis "
-        "lives in the run directory and is not affected.",
+        description="In a configured (shared) Redis, a run's keys expire this long after its driver last ran (finished, "
+        "stopped, failed or SIGKILLed: a live driver refreshes the expiry); resuming it within that time keeps them. "
+        "null keeps them forever. The embedded Redis lives in the run directory and is not affected.",
     )
     socket_timeout_s: float = Field(
         10.0, gt=0, description="Socket timeout for Redis commands (blocking reads add block_ms)."
@@ -237,6 +264,11 @@ class ActorsConfig(_Section):
     synchronous: bool = Field(
         False,
         description="Synchronous baseline: only learner.tasks_per_step groups per policy version, then wait for the next one.",
+    )
+    max_outbox_steps: int = Field(
+        1024,
+        ge=1,
+        description="Steps a worker holds that Redis has not taken yet; at this many its episodes wait (backpressure; actors/outbox.py).",
     )
     num_cpus: float = Field(1.0, gt=0, description="Ray CPUs per actor worker.")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per actor worker.")

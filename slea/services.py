@@ -14,6 +14,13 @@ from slea.redis_conn import connect
 STREAM_GROUPS = ("learner", "library")
 
 
+def stream_groups(config: SleaConfig) -> tuple[str, ...]:
+    """The consumer groups a run reads: the learner's always, the library writer's only with a library
+    (a `grpo` run has none). Only these are created: the driver trims what every group acknowledged,
+    so a group nobody reads would keep the whole stream until Redis is full."""
+    return STREAM_GROUPS if config.library.enabled else ("learner",)
+
+
 class RunExists(FileExistsError):
     """A new run would land on an existing one (its directory, or its stream in an external Redis):
     starting it would silently merge two runs' steps, checkpoints and library."""

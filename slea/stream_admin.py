@@ -57,7 +57,9 @@ def group_stats(client: redis.Redis, stream: str) -> dict[str, GroupStats]:
 
 def safe_min_id(client: redis.Redis, stream: str, required_groups: list[str]) -> str | None:
     """The smallest id any group still needs; None when a required group does not exist yet
-    (its entries would be lost) or no group exists."""
+    (its entries would be lost) or no group exists. Every group counts, required or not (an
+    operator's reader loses nothing), so a group nobody reads holds trimming back for good: a run
+    creates only the groups it reads (slea/services.py stream_groups)."""
     stats = group_stats(client, stream)
     if not stats or any(group not in stats for group in required_groups):
         return None

@@ -67,6 +67,35 @@ def broken_run(run_dir, run_id: str, model_dir, redis_url: str, ray_address: str
     ]
 
 
+class FixedEngine:
+    """A generation engine that answers every prompt with the same FrozenLake move; remembers the prompts it saw."""
+
+    policy_version = 3
+    name = "fixed"
+
+    def __init__(self):
+        from slea.models import shipped_tokenizer
+
+        self.tokenizer = shipped_tokenizer()
+        self.prompts: list[list[int]] = []
+
+    async def generate(self, prompt_ids):
+        from actors.engines.base import Generation
+
+        self.prompts.append(list(prompt_ids))
+        response = np.asarray(self.tokenizer.encode("<action>right</action>"), dtype=np.int32)
+        return Generation(
+            list(prompt_ids), response, np.full(len(response), -0.5, np.float32), "<action>right</action>", 3, "stop"
+        )
+
+
+def fill_redis(client) -> None:
+    """Put the server over its maxmemory (set below what it uses) with noeviction: every write is refused
+    with OOM until `client.config_set("maxmemory", 0)`."""
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", client.info("memory")["used_memory"] // 2)
+
+
 def forward_logprobs(model, prompt_ids, response_ids, temperature: float = 1.0) -> np.ndarray:
     """Log-probs of `response_ids` recomputed by one teacher-forced forward pass of `model`."""
     ids = torch.tensor([list(prompt_ids) + list(response_ids)])

@@ -2,20 +2,23 @@
 docs/learning/runs/ (the study) or docs/learning/superseded/ (runs of a config since changed) is
 committed there with what `slea compare --by-preset` reads."""
 
+import math
 import re
 from pathlib import Path
 
 import yaml
 
 from driver.run_outputs import read_metrics
+from driver.seed_intervals import over_seeds, t_quantile
+from driver.study import BASE, cells_of, evaluation_variance, seed_level, study_cells, training_seeds
 
 REPO = Path(__file__).resolve().parents[1]
 KEPT = ("config.yaml", "metrics.jsonl", "episodes.jsonl", "comparison-done")
 
 
 def cited_runs(text: str) -> set[str]:
-    """`runs/<id>` or `superseded/<id>` of docs/learning/ paths (not placeholders such as <id> or a glob)."""
-    return set(re.findall(r"docs/learning/((?:runs|superseded)/[A-Za-z0-9_.+-]+)", text))
+    """`runs/<id>`, `superseded/<id>` or `slea-vs-grpo/<id>` of docs/learning/ paths (not placeholders such as <id> or a glob)."""
+    return set(re.findall(r"docs/learning/((?:runs|superseded|slea-vs-grpo)/[A-Za-z0-9_.+-]+)", text))
 
 
 def test_cited_runs_are_found_in_paths_not_in_placeholders():
@@ -58,3 +61,52 @@ def test_every_kept_run_keeps_its_learner_lines():
             line["learner/learner_step"] for line in read_metrics(run_dir) if "learner/learner_step" in line
         )
         assert trained == list(range(1, updates + 1)), f"{run_dir.name} keeps learner lines of steps {trained}"
+
+
+def points(value) -> str:
+    return f"{100 * value.mean:+.1f} ±{100 * value.half_width:.1f} [{100 * value.low:+.1f}, {100 * value.high:+.1f}]"
+
+
+def test_the_headline_seed_intervals_recompute_from_the_kept_runs():
+    """docs/learning.md leads with SLEA - GRPO over seeds and each arm against the base model: they
+    are what `slea compare --by-preset` computes from the kept runs of the first study."""
+    runs = sorted((REPO / "docs" / "learning" / "runs").glob("*/"))
+    found, seeds = study_cells(runs), training_seeds(runs)
+    doc, readme = (REPO / "docs" / "learning.md").read_text(), (REPO / "README.md").read_text()
+
+    def success(arm, view, step):
+        return cells_of(found[(arm, view, step)], "success")
+
+    slea_grpo = seed_level(success("slea", "deployed", 16), success("grpo", "deployed", 16), seeds)
+    assert slea_grpo.method == "paired" and points(slea_grpo) == "+3.1 ±13.7 [-10.6, +16.8]"
+    assert f"**{points(slea_grpo)}**" in doc and "+3.1 points [-10.6, +16.8]" in readme
+    alone = seed_level(success("slea", "policy_alone", 16), success("grpo", "policy_alone", 16), seeds)
+    assert points(alone) in doc and "+4.5 [+1.5, +7.5]" in readme
+    base = success(BASE, "deployed", 0)
+    noise = evaluation_variance(found[(BASE, "deployed", 0)], "success")
+    for arm, view in (("slea", "deployed"), ("slea", "policy_alone"), ("grpo", "deployed"), ("slea+edge", "deployed")):
+        value = seed_level(success(arm, view, 16), base, seeds, noise)
+        assert points(value) in doc, f"{arm} {view} - base model: {points(value)} is not in docs/learning.md"
+        assert f"{points(value).split(' ')[0]} {points(value).split(' ', 2)[2]}" in readme
+
+
+def test_the_planned_half_width_is_the_first_studys_paired_sd_over_8_seeds():
+    """The planned study's expected half-width: SLEA - GRPO per seed at step 16 on the games the new
+    panel draws (no tw-simple), their SD, over 8 seeds with t(0.975, 7)."""
+    runs = sorted((REPO / "docs" / "learning" / "runs").glob("*/"))
+    found = study_cells(runs)
+    winnable = {
+        arm: {
+            run: [e for e in episodes if e["task_type"] != "simple"]
+            for run, episodes in found[(arm, "deployed", 16)].items()
+        }
+        for arm in ("slea", "grpo")
+    }
+    differences = cells_of(winnable["slea"], "success").per_run() - cells_of(winnable["grpo"], "success").per_run()
+    assert [round(72 * value) for value in differences] == [7, -3, 5]  # seeds 0, 1, 2 (runs sorted by id)
+    sd = over_seeds(differences).half_width / t_quantile(2) * math.sqrt(3)
+    assert round(100 * sd, 2) == 7.35
+    half_width = t_quantile(7) * sd / math.sqrt(8)
+    doc = (REPO / "docs" / "learning.md").read_text()
+    assert f"half-width {100 * half_width:.1f}\n  points" in doc or f"half-width {100 * half_width:.1f} points" in doc
+    assert round(100 * half_width, 1) == 6.1

@@ -4,9 +4,8 @@ per group."""
 
 import asyncio
 
-import numpy as np
+from helpers import FixedEngine
 
-from actors.engines.base import Generation
 from actors.envs.registry import make_env
 from actors.episode import EpisodeSpec, StepTimers, play_episode
 from actors.prompts import Experience, PromptBuilder
@@ -15,23 +14,6 @@ from slea.models import shipped_tokenizer
 
 TOKENIZER = shipped_tokenizer()
 LESSON = Experience("s1", "strategy", "Walk around the holes, never through them.")
-
-
-class FixedEngine:
-    """Answers every prompt with the same action; remembers the prompts it saw."""
-
-    tokenizer = TOKENIZER
-    policy_version = 3
-
-    def __init__(self):
-        self.prompts: list[list[int]] = []
-
-    async def generate(self, prompt_ids):
-        self.prompts.append(list(prompt_ids))
-        response = np.asarray(TOKENIZER.encode("<action>right</action>"), dtype=np.int32)
-        return Generation(
-            list(prompt_ids), response, np.full(len(response), -0.5, np.float32), "<action>right</action>", 3, "stop"
-        )
 
 
 class OneLessonLibrary:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from k8s_render import K8S, OVERLAYS, kustomize
+from cluster_network import configured_k8s
+from k8s_render import OVERLAYS, kustomize
 from required_tools import kuberay_crds
 
 
 @pytest.fixture(scope="session")
-def rendered() -> dict[str, list[dict]]:
-    """Overlay name -> its rendered manifests."""
-    return {overlay: kustomize(K8S / "overlays" / overlay) for overlay in OVERLAYS}
+def rendered(tmp_path_factory) -> dict[str, list[dict]]:
+    """Overlay name -> its rendered manifests, the GPU overlay's apiServerCIDR set as a user sets it."""
+    k8s = configured_k8s(tmp_path_factory.mktemp("deploy"))
+    return {overlay: kustomize(k8s / "overlays" / overlay) for overlay in OVERLAYS}
 
 
 @pytest.fixture(scope="session")

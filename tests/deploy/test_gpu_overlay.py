@@ -1,14 +1,16 @@
 """The GPU overlay places pods as a GPU cluster needs: GPU pods on GPU nodes (node affinity and
 the taint's toleration), every other pod kept off them, all from one file (gpu-nodes.yaml);
-Ray's object store on a memory-backed /dev/shm."""
+Ray's object store on a memory-backed /dev/shm; no apply before the API server's address is set."""
 
 from __future__ import annotations
 
-import shutil
+import subprocess
 
 import pytest
 import yaml
-from k8s_render import K8S, kustomize, pods
+from cluster_network import TEST_API_SERVER_CIDR, configured_k8s
+from k8s_render import K8S, find, kustomize, pods
+from required_tools import kubectl
 
 PLACEMENT = K8S / "overlays" / "gpu" / "gpu-nodes.yaml"
 
@@ -55,8 +57,7 @@ def test_gpu_pods_on_gpu_nodes_and_every_other_pod_off_them(rendered):
 
 def test_the_placement_values_live_in_one_file(tmp_path):
     """Edit only gpu-nodes.yaml's three values: every pod follows, and no old value is left."""
-    copied = tmp_path / "k8s"
-    shutil.copytree(K8S, copied)
+    copied = configured_k8s(tmp_path)
     placement = copied / "overlays" / "gpu" / "gpu-nodes.yaml"
     text = placement.read_text()
     for old, new in (
@@ -85,3 +86,27 @@ def test_gpu_pods_give_rays_object_store_a_memory_backed_dev_shm(rendered, group
     (container,) = spec["containers"]
     (shm,) = [m["name"] for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
     assert volumes[shm]["emptyDir"] == {"medium": "Memory"}
+
+
+def test_apply_stops_until_the_api_server_cidr_is_set(tmp_path):
+    """A wrong API-server address fails nowhere: the autoscaler just cannot scale. So the overlay
+    ships without one, and `kubectl apply -k` renders first and stops, naming the key, before it
+    sends anything (no cluster is reachable here: an empty kubeconfig)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("")
+    result = subprocess.run(
+        [kubectl(), "apply", "--dry-run=client", "-k", str(K8S / "overlays" / "gpu")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode != 0, "the GPU overlay applies without an API-server address"
+    assert "data.apiServerCIDR" in result.stderr and "slea-cluster" in result.stderr, result.stderr
+
+
+def test_the_api_server_cidr_a_user_sets_is_the_only_one_the_autoscaler_reaches(rendered):
+    policy = find(rendered["gpu"], "NetworkPolicy", "slea-head-kube-api")
+    assert [peer["ipBlock"]["cidr"] for rule in policy["spec"]["egress"] for peer in rule["to"]] == [
+        TEST_API_SERVER_CIDR
+    ]

@@ -5,12 +5,12 @@ scripts/build_image.sh runs after a build) rewrites that name and nothing else."
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 
 import pytest
 import yaml
+from cluster_network import configured_k8s
 from k8s_render import K8S, REPO, kustomize
 
 OVERLAYS = {"cpu": K8S / "overlays" / "cpu-kind", "gpu": K8S / "overlays" / "gpu"}
@@ -40,8 +40,7 @@ def test_the_shipped_overlays_name_no_mutable_tag(flavour):
     ],
 )
 def test_pinning_a_build_points_every_pod_at_it_and_changes_nothing_else(tmp_path, flavour, reference, rendered):
-    copy = tmp_path / "k8s"
-    shutil.copytree(K8S, copy)
+    copy = configured_k8s(tmp_path)
     overlay = copy / "overlays" / OVERLAYS[flavour].name
     before = (overlay / "kustomization.yaml").read_text()
     result = subprocess.run(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import yaml
+from cluster_network import TEST_API_SERVER_CIDR
 from k8s_render import K8S, OVERLAYS
 from test_pod_security import pods
 
@@ -108,9 +109,14 @@ def allowed(policies: list[dict], source: Pod, destination: Pod, port: int, prot
 
 
 def api_server_address(overlay: str) -> str:
-    """An address inside the overlay's apiServerCIDR (cluster-network.yaml): where its API server is."""
-    data = yaml.safe_load((K8S / "overlays" / overlay / "cluster-network.yaml").read_text())["data"]
-    network = ipaddress.ip_network(data["apiServerCIDR"])
+    """An address inside the overlay's apiServerCIDR (cluster-network.yaml): where its API server is.
+    The GPU overlay ships it unset; the `rendered` fixture sets TEST_API_SERVER_CIDR, as a user would."""
+    if overlay == "gpu":
+        cidr = TEST_API_SERVER_CIDR
+    else:
+        cluster_network = yaml.safe_load((K8S / "overlays" / overlay / "cluster-network.yaml").read_text())
+        cidr = cluster_network["data"]["apiServerCIDR"]
+    network = ipaddress.ip_network(cidr)
     return str(next(iter(network.hosts()), network.network_address))
 
 

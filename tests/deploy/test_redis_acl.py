@@ -156,16 +156,18 @@ def test_the_system_user_does_what_the_system_does(shipped_redis):
     # the learner's version record (learner/weights.py) and the new-run check (slea/services.py)
     Publisher(client, "cluster").start("{}")  # a writer's start names its run current (library/sync.py)
     assert client.get(CURRENT_LIBRARY_RUN_KEY) == b"cluster"
+    Publisher(client, "cluster-next").start("{}")  # a later run takes it: WATCH, and `cluster`'s start time read
+    assert client.get(CURRENT_LIBRARY_RUN_KEY) == b"cluster-next"
     client.set(policy_version_key("cluster"), 7)
     assert client.get(policy_version_key("cluster")) == b"7" and client.exists(stream)
-    # the run's retention (driver/train.py _retained): its keys expire after it ends, a resume keeps them
+    # the run's retention (driver/retention.py): its keys expire after it ends, a resume keeps them
     assert keep_run(client, "cluster") == expire_run(client, "cluster", 3600) >= 5
 
 
-def test_the_system_user_reaches_the_keys_of_a_submitted_run(shipped_redis):
+def test_the_system_user_reaches_the_keys_of_a_submitted_run(shipped_redis, rendered):
     """A submission's run id is its pods' slea.io/run label, cluster-<anything> for a new run
     (deploy/README.md): the ACL must let the system use that run's keys, not only `cluster`'s."""
-    rayjob = find(kustomize(K8S / "overlays" / "gpu"), "RayJob")
+    rayjob = find(rendered["gpu"], "RayJob")
     assert entrypoint_config(rayjob)[0].run.id == "cluster"
     run_id = "cluster-exp2"
     client = connect(shipped_redis["system"])

@@ -115,6 +115,38 @@ def test_components_wait_out_a_rescheduled_redis_and_its_aof_replay(rendered, ov
     assert config.redis.retention_s is not None, "finished runs would fill a noeviction Redis"
 
 
+EXIT_ALLOWANCE_S = 60  # after the driver's last wait: Serve's and Ray's shutdown, the processes exit
+
+
+def _stop_waits() -> dict[str, float]:
+    """Pod group -> the driver's waits its pods must outlive after a SIGTERM. The graceful stop
+    (driver/train.py _shutdown) goes in order: the actors stop, the learner checkpoints, the
+    library snapshots; the head runs it all."""
+    from actors.pool import RETIRE_TIMEOUT_S
+    from driver.train import LEARNER_CHECKPOINT_WAIT_S, LIBRARY_SNAPSHOT_WAIT_S
+
+    actors = RETIRE_TIMEOUT_S
+    learner = actors + LEARNER_CHECKPOINT_WAIT_S
+    library = learner + LIBRARY_SNAPSHOT_WAIT_S
+    return {"actors": actors, "learner": learner, "library": library, "head": library}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_pods_outlive_the_graceful_stop_on_sigterm(rendered, overlay):
+    """Kubernetes kills a pod terminationGracePeriodSeconds (default 30 s) after its SIGTERM: every
+    pod of the training cluster must outlive the driver's waits up to the end of its own step."""
+    (cluster,) = ray_cluster_specs([find(rendered[overlay], "RayJob")]).values()
+    groups = ray_pod_groups(cluster)
+    needed = _stop_waits()
+    assert set(groups) == set(needed), f"pod groups {sorted(groups)}: say what each must outlive"
+    for name, group in groups.items():
+        grace = group["template"]["spec"].get("terminationGracePeriodSeconds", 30)
+        assert grace >= needed[name] + EXIT_ALLOWANCE_S, (
+            f"{overlay} {name}: terminationGracePeriodSeconds {grace} < {needed[name]:.0f} s of the driver's stop "
+            f"+ {EXIT_ALLOWANCE_S} s"
+        )
+
+
 def test_resume_existing_continues_a_run_whose_directory_exists(tmp_path):
     """What the entrypoint decides on a retry: a new run the first time, that run's directory after."""
     from driver.cli import existing_run

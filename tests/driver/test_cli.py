@@ -163,3 +163,21 @@ def test_a_benchmarks_library_and_subprocess_output_never_reaches_stdout(capfd):
     out, err = capfd.readouterr()
     assert out == '{"result": 1}\n'
     assert "a library's log line" in err and "an engine process's line" in err
+
+
+def test_a_redis_outage_past_the_window_ends_train_with_a_message_and_exit_1(monkeypatch, capsys, tmp_path):
+    """Redis gone longer than redis.reconnect_max_s (the driver's poll gives up with RedisUnavailable):
+    the run ends with a line that says what happened and how to go on, exit 1, no traceback."""
+    import driver.train
+    from driver.cli import main
+    from slea.redis_conn import RedisUnavailable
+
+    def outage(config, resume_dir=None):
+        raise RedisUnavailable("Redis unreachable for 30s: Error 111 connecting to 127.0.0.1:6390. Connection refused.")
+
+    monkeypatch.setattr(driver.train, "train", outage)
+    code = main(["train", LOCAL, f"--set=run.dir={tmp_path}", "--set=run.id=outage", "--set=ray.address=10.0.0.1:6379"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "Redis unreachable for 30s" in err and "redis.reconnect_max_s" in err, err
+    assert f"slea train --resume {tmp_path / 'outage'}" in err, err

@@ -7,7 +7,17 @@ import sys
 import numpy as np
 import pytest
 
-from driver.study import BASE, Cells, cells_of, difference, estimate, keep_episodes, resample_counts, study_report
+from driver.study import (
+    BASE,
+    Cells,
+    cells_of,
+    difference,
+    estimate,
+    evaluation_variance,
+    keep_episodes,
+    resample_counts,
+    study_report,
+)
 
 
 def cells(rows, runs=None, tasks=None, denominator=None):
@@ -35,10 +45,11 @@ def test_two_tasks_won_and_lost_span_the_whole_interval():
     assert (value.mean, value.low, value.high, value.seeds) == (0.5, 0.0, 1.0, 1)
 
 
-def test_seeds_are_resampled_too():
-    # One task, two seeds that disagree completely: the same 0 / 0.5 / 1 as two tasks above.
+def test_the_task_bootstrap_holds_the_runs_fixed():
+    # One task, two seeds that disagree completely: every draw of the one task keeps both runs, so the
+    # interval over tasks is 0 wide; the seeds' disagreement is the seed-level interval's to carry.
     value = estimate(cells([[1.0], [0.0]]))
-    assert (value.mean, value.low, value.high) == (0.5, 0.0, 1.0)
+    assert (value.mean, value.low, value.high) == (0.5, 0.5, 0.5)
 
 
 def test_a_rate_is_a_ratio_of_sums_not_a_mean_of_ratios():
@@ -96,10 +107,13 @@ def episode(task, step, success, library=False, decoding="sampled", sample=0):
     }
 
 
-def kept_run(root, run_id, preset, episodes, edge=False):
+def kept_run(root, run_id, preset, episodes, edge=False, seed=0, max_steps=8):
     run_dir = root / run_id
     run_dir.mkdir()
-    (run_dir / "config.yaml").write_text(f"run:\n  id: {run_id}\n  preset: {preset}\n  edge: {str(edge).lower()}\n")
+    (run_dir / "config.yaml").write_text(
+        f"run:\n  id: {run_id}\n  preset: {preset}\n  edge: {str(edge).lower()}\n  seed: {seed}\n"
+        f"envs:\n  name: textworld\n  max_steps: {max_steps}\n"
+    )
     # As a full run holds them: one report.json per evaluation; keep_episodes makes the committed copy.
     for step in sorted({episode["learner_step"] for episode in episodes}):
         report_dir = run_dir / "eval" / f"step-{step:05d}-v{step:05d}"
@@ -129,14 +143,20 @@ def test_compare_by_preset_prints_arms_pairs_and_plots(tmp_path):
     table, plots = study_report(runs, tmp_path / "plots", draws=500)
     lines = table.splitlines()
     deployed = lines[lines.index("### success, deployed (sampled, with the run's library where it has one)") :]
-    assert deployed[2] == "| arm | step 0 | step 4 |"
-    assert deployed[4].startswith(f"| {BASE} | 0.250 [") and deployed[4].endswith("(n=1) | - |")
-    assert deployed[5].startswith("| slea | - | 0.750 [")
-    assert deployed[6].startswith("| slea+edge | - | 0.750 [")
-    assert deployed[7].startswith("| grpo | - | 0.500 [")  # greedy episodes are not in the sampled views
-    assert "| slea - grpo | +0.250 [" in table and "| grpo - base model | +0.250 [" in table
+    assert deployed[2] == (
+        "| arm | step 0, over seeds (t) | step 0, over tasks (evaluation noise for these seeds) "
+        "| step 4, over seeds (t) | step 4, over tasks (evaluation noise for these seeds) |"
+    )
+    assert deployed[4].startswith(f"| {BASE} | 0.250 (no training seed; pooled, runs: 1) | 0.250 [")
+    assert deployed[4].endswith("| - | - |")
+    one_seed = "(n=1: no interval over one seed)"
+    assert deployed[5].startswith(f"| slea | - | - | 0.750 {one_seed} | 0.750 [")
+    assert deployed[6].startswith(f"| slea+edge | - | - | 0.750 {one_seed} | 0.750 [")
+    assert deployed[7].startswith(f"| grpo | - | - | 0.500 {one_seed} | 0.500 [")  # greedy: not a sampled view
+    assert f"| slea - grpo | +0.250 {one_seed} | +0.250 [" in table
+    assert f"| grpo - base model | +0.250 {one_seed} | +0.250 [" in table
     alone = lines[lines.index("### success, policy alone (sampled, no library)") :]
-    assert alone[5].startswith("| slea | - | 0.250 [")  # the policy without its library won only t0
+    assert alone[5].startswith(f"| slea | - | - | 0.250 {one_seed}")  # the policy without its library won only t0
     assert sorted(path.name for path in plots) == sorted(
         f"{view}_{metric}.png"
         for view in ("deployed", "policy_alone")
@@ -170,3 +190,78 @@ def test_a_run_counted_twice_or_without_episodes_is_refused(tmp_path):
     (tmp_path / "empty" / "config.yaml").write_text("run:\n  id: empty\n  preset: grpo\n")
     with pytest.raises(ValueError, match="no held-out episodes"):
         study_report([tmp_path / "empty"], tmp_path / "plots")
+
+
+def wins(step, won, tasks=("t0", "t1", "t2", "t3")):
+    """One sampled episode per task at `step`, the tasks in `won` won."""
+    return [episode(task, step, task in won) for task in tasks]
+
+
+def seed_study(tmp_path, grpo_seeds):
+    """slea seeds 0 and 1 win 3 and 2 of 4 tasks at step 4; grpo's two runs 1 and 2; the base model 1."""
+    return [
+        kept_run(tmp_path, "tw-slea-s0", "slea", wins(0, {"t0"}) + wins(4, {"t0", "t1", "t2"}), seed=0),
+        kept_run(tmp_path, "tw-slea-s1", "slea", wins(4, {"t0", "t1"}), seed=1),
+        kept_run(tmp_path, f"tw-grpo-s{grpo_seeds[0]}", "grpo", wins(4, {"t0"}), seed=grpo_seeds[0]),
+        kept_run(tmp_path, f"tw-grpo-s{grpo_seeds[1]}", "grpo", wins(4, {"t0", "t1"}), seed=grpo_seeds[1]),
+    ]
+
+
+def row(table, label):
+    """The first table row of `label` (success as deployed comes first)."""
+    return next(line for line in table.splitlines() if line.startswith(f"| {label} |"))
+
+
+def test_arms_of_the_same_seeds_are_paired_by_seed(tmp_path):
+    # Per seed, slea - grpo: 0.75 - 0.25 = 0.5 and 0.5 - 0.5 = 0: mean 0.25, sd 0.353553, standard error
+    # 0.25, t(0.975, 1) = 12.7062: half-width 3.176551. Over tasks the runs are fixed, paired by game.
+    table, _ = study_report(seed_study(tmp_path, (0, 1)), tmp_path / "plots", draws=200)
+    assert row(table, "slea - grpo").startswith("| slea - grpo | +0.250 ±3.177 [-2.927, +3.427] (paired, n=2) | ")
+    # slea's runs against the base model's 0.25: 0.5 and 0.25, mean 0.375, sd 0.176777, x 12.7062 / sqrt(2)
+    # = 1.588277.
+    assert row(table, "slea - base model").startswith("| slea - base model | +0.375 ±1.588 [-1.213, +1.963] (n=2) | ")
+    # One arm: 0.75 and 0.5, mean 0.625, the same half-width 1.588.
+    assert "| 0.625 ±1.588 [-0.963, 2.213] (n=2) | 0.625 [" in row(table, "slea")
+
+
+def test_arms_of_different_seeds_take_welch(tmp_path):
+    # grpo ran seeds 2 and 3: no seed's task stream is shared. Welch: variances 0.03125 each, squared
+    # standard error 0.03125 / 2 x 2 = 0.03125, df 2, half-width 4.302653 x 0.176777 = 0.760611.
+    table, _ = study_report(seed_study(tmp_path, (2, 3)), tmp_path / "plots", draws=200)
+    assert row(table, "slea - grpo").startswith("| slea - grpo | +0.250 ±0.761 [-0.511, +1.011] (Welch, n=2) | ")
+
+
+def test_the_base_model_is_pooled_over_every_run_that_played_it(tmp_path):
+    # Two runs played the base model (1 and 3 of 4 tasks won): pooled 4 of 8 = 0.5, one figure, no seed.
+    runs = [
+        kept_run(tmp_path, "tw-slea-s0", "slea", wins(0, {"t0"}) + wins(4, {"t0", "t1", "t2"}), seed=0),
+        kept_run(tmp_path, "tw-slea-s1", "slea", wins(0, {"t0", "t1", "t2"}) + wins(4, {"t0"}), seed=1),
+    ]
+    table, _ = study_report(runs, tmp_path / "plots", draws=200)
+    assert row(table, BASE).startswith(f"| {BASE} | 0.500 (no training seed; pooled, runs: 2) | 0.500 [")
+    # Runs minus it: 0.25 and -0.25, seed term 0.125 / 2 = 0.0625. The base figure's evaluation noise: t1 and
+    # t2 were won in one of their two episodes (residuals -0.5, +0.5: 0.5 x 2/1 = 1 each), t0 and t3 agree:
+    # 2 / 8^2 = 0.03125 on 4 df. Squared standard error 0.09375 (0.306186); df = 0.09375^2 / (0.0625^2 / 1
+    # + 0.03125^2 / 4) = 2.1176; t(0.975, 2.1176) = 4.082; half-width 1.250.
+    assert row(table, "slea - base model").startswith("| slea - base model | +0.000 ±1.250 [-1.250, +1.250] (n=2) |")
+
+
+def test_runs_of_different_protocols_are_not_compared(tmp_path):
+    runs = [
+        kept_run(tmp_path, "tw-slea-s0", "slea", wins(0, {"t0"}), seed=0),
+        kept_run(tmp_path, "tw-grpo-s0", "grpo", wins(4, {"t0"}), seed=0, max_steps=12),
+    ]
+    with pytest.raises(ValueError, match="different protocols"):
+        study_report(runs, tmp_path / "plots")
+
+
+def test_the_base_models_evaluation_noise_is_stratified_by_task():
+    # Task t0 won once in two episodes, t1 never: pooled 1 of 4 = 0.25; residuals x - 0.25 are 0.75 and
+    # -0.25 on t0 (sum of squares about their mean 0.5, x 2/1 = 1.0) and -0.25, -0.25 on t1 (0):
+    # variance 1.0 / 4^2 = 0.0625 on 2 degrees of freedom: the binomial 2 x (0.5 x 0.5 x 2/1) / 16.
+    runs = {"s0": [episode("t0", 0, True), episode("t0", 0, False, sample=1)], "s1": wins(0, set(), ("t1", "t1"))}
+    assert evaluation_variance(runs, "success") == pytest.approx((0.0625, 2.0))
+    # A rate: t0's steps 2 and 8 with 0 and 4 invalid, t1's 8 and 8 with 4 and 4: R = 12 / 26; residuals
+    # x - R d: t0 -0.923077, +0.307692 (sum of squares 0.757396, x 2 = 1.514793); t1 0.307692 twice (0);
+    # variance 1.514793 / 26^2 = 0.002241.
+    assert evaluation_variance(runs, "invalid_action_rate") == pytest.approx((0.002241, 2.0), abs=1e-6)

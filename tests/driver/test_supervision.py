@@ -90,11 +90,11 @@ def test_a_killed_learner_is_restarted_and_past_the_budget_the_run_stops_naming_
     assert learner.head is not first and ray.get(learner.head.pid.remote())
     assert restarts("learner") == before + 1
     assert len(lines) == 1 and "learner died" in lines[0], lines
-    assert lines[0].endswith("restarting from checkpoint v3 (learner step 3), restart 1 of 1"), lines
+    assert lines[0].endswith("restarting from checkpoint v3 (learner step 3), failure 1 of 1 within 3600 s"), lines
     assert learner.call("drain_metrics") == [{"learner_step": 1}]
 
     os.kill(ray.get(learner.head.pid.remote()), signal.SIGKILL)
-    with pytest.raises(ComponentFailed, match=r"the learner died \(.+\) after 1 restart\(s\).+run.max_failures=1"):
+    with pytest.raises(ComponentFailed, match=r"the learner died \(.+\): 2 failures within 3600 s.+run.max_failures=1"):
         until_finished(supervisor, learner, timeout_s=30)
     assert learner.call("drain_metrics", default=[]) == []  # dead: the driver's poll goes on without it
     assert restarts("learner") == before + 1
@@ -146,3 +146,46 @@ def test_what_a_restart_resumes_from(tmp_path):
     snapshot_dir(tmp_path).mkdir(parents=True, exist_ok=True)
     (snapshot_dir(tmp_path) / "v000000012.jsonl").write_text("{}\n")
     assert snapshot_text(tmp_path) == "snapshot v000000012"
+
+
+class Flaky:
+    """A supervised component without Ray: its first `failing_starts` launches raise."""
+
+    name = "learner"
+
+    def __init__(self, failing_starts: int = 0):
+        self.failing_starts, self.launches, self.kills = failing_starts, 0, 0
+
+    def launch(self) -> None:
+        self.launches += 1
+        if self.failing_starts:
+            self.failing_starts -= 1
+            raise RuntimeError("no node can place the learner's ranks")
+
+    def kill(self) -> None:
+        self.kills += 1
+
+    def resumes_from(self) -> str:
+        return "checkpoint v3 (learner step 3)"
+
+
+def test_a_restart_that_fails_counts_as_a_failure_and_is_tried_again():
+    lines: list[str] = []
+    supervisor = Supervisor(max_failures=3, say=lines.append)
+    learner = Flaky(failing_starts=1)
+    supervisor.restart(learner, "its process died")  # the rebuild raises once, then comes up
+    assert learner.launches == 2 and learner.kills == 2 and supervisor.restarts == 2
+    assert 'its restart failed (RuntimeError("no node can place the learner\'s ranks"))' in lines[1], lines
+    with pytest.raises(ComponentFailed, match="no node can place"):  # a rebuild that never works ends the run
+        supervisor.restart(Flaky(failing_starts=5), "its process died")
+
+
+def test_max_failures_counts_within_the_failure_window():
+    now = [0.0]
+    supervisor = Supervisor(max_failures=2, say=lambda _line: None, window_s=3600, clock=lambda: now[0])
+    for at in (0.0, 1800.0, 3700.0, 5500.0):  # never more than 2 within an hour: a long run survives rare faults
+        now[0] = at
+        supervisor.restart(Flaky(), "its process died")
+    now[0] = 5600.0  # the third within the hour of 3700 and 5500
+    with pytest.raises(ComponentFailed, match=r"3 failures within 3600 s.+run.max_failures=2"):
+        supervisor.restart(Flaky(), "its process died")

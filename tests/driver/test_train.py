@@ -5,16 +5,18 @@ import io
 import json
 import threading
 
+import pytest
 from rich.console import Console
 
 from driver.progress import Progress, RunConsole
 from driver.run_outputs import RunRecorder
-from driver.train import Watch, run_metrics
+from driver.train import Watch, create_stream_groups, run_metrics
 from slea.config import load_config
 from slea.embedded_redis import EmbeddedRedis
+from slea.records import StepRecord
 from slea.redis_conn import connect
 from slea.services import STREAM_GROUPS
-from slea.streams import ensure_group
+from slea.streams import StreamConsumer, StreamProducer, ensure_group
 
 
 def test_a_line_sums_the_workers_busy_and_throttled_seconds_and_their_tokens_by_engine():
@@ -71,6 +73,21 @@ class FakeSizer:
 
     def update(self, summaries: list[dict], learner_steps: list[dict]) -> None:
         self.updates.append((summaries, learner_steps))
+
+
+def quiet_watch(config, client, recorder) -> Watch:
+    """A Watch with no pool, learner or library behind it, logging to nowhere: its stream side alone."""
+    return Watch(
+        config,
+        client,
+        FakePool([]),
+        FakeSizer(),
+        drain_learner=list,
+        library_stats=lambda: None,
+        progress=Progress(config),
+        recorder=recorder,
+        console=RunConsole(Console(file=io.StringIO(), force_terminal=False)),
+    )
 
 
 def test_one_poll_records_every_drained_learner_step_and_trims_what_both_groups_acked(tmp_path, redis_client):
@@ -145,17 +162,7 @@ def test_a_poll_rides_out_a_redis_restart_on_its_aof(tmp_path):
             ensure_group(client, config.stream_key(), group)
         client.xadd(config.stream_key(), {"payload": "0"})
         recorder = RunRecorder(tmp_path, plots=False)
-        watch = Watch(
-            config,
-            client,
-            FakePool([]),
-            FakeSizer(),
-            drain_learner=list,
-            library_stats=lambda: None,
-            progress=Progress(config),
-            recorder=recorder,
-            console=RunConsole(Console(file=io.StringIO(), force_terminal=False)),
-        )
+        watch = quiet_watch(config, client, recorder)
         server.stop(remove_data=False)
         restart = threading.Timer(1.5, server.start)
         restart.start()
@@ -166,3 +173,43 @@ def test_a_poll_rides_out_a_redis_restart_on_its_aof(tmp_path):
     finally:
         client.close()
         server.stop()
+
+
+@pytest.mark.parametrize("preset", ["grpo", "slea", "task_retrieval"])
+def test_the_stream_stays_bounded_in_every_preset(tmp_path, redis_client, preset):
+    """The driver creates the run's groups, the components the preset runs read and ack every entry
+    (the learner always, the library writer only with a library), and every poll trims: XLEN stays
+    at most one round's entries. A group nobody reads (a grpo run's `library`) would keep them all."""
+    config = load_config(None, ["run.id=bounded", f"run.preset={preset}", "monitoring.plots=false"])
+    stream = config.stream_key()
+    create_stream_groups(redis_client, config)
+    readers = [
+        StreamConsumer(
+            redis_client, stream, group=group, consumer=f"{group}-0", dead_letter_key=config.dead_letter_key()
+        )
+        for group in ["learner"] + (["library"] if config.library.enabled else [])
+    ]
+    producer = StreamProducer(redis_client, stream)
+    recorder = RunRecorder(tmp_path, plots=False)
+    watch = quiet_watch(config, redis_client, recorder)
+    lengths = []
+    for round_index in range(5):
+        producer.send(
+            [StepRecord("bounded", "t", "pick", "alfworld", "g", f"e{round_index}", step, "obs") for step in range(20)]
+        )
+        for reader in readers:
+            reader.ack([delivery.entry_id for delivery in reader.read(count=100, block_ms=10)])
+        watch.step()
+        lengths.append(redis_client.xlen(stream))
+    recorder.close()
+    assert lengths == [0] * 5, f"{preset}: XLEN after each poll {lengths}, with every entry acknowledged by its readers"
+
+
+def test_the_driver_names_the_groups_it_does_not_read(redis_client):
+    """A group the run does not read (an operator's, or the `library` group an older slea made for a
+    grpo run) keeps the stream from being trimmed: the driver says so at the start."""
+    config = load_config(None, ["run.id=unread", "run.preset=grpo"])
+    assert create_stream_groups(redis_client, config) == []
+    assert [group["name"] for group in redis_client.xinfo_groups(config.stream_key())] == [b"learner"]
+    redis_client.xgroup_create(config.stream_key(), "library", id="0")
+    assert create_stream_groups(redis_client, config) == ["library"]

@@ -95,3 +95,13 @@ def test_the_object_store_keeps_a_tied_table_one_tensor(local_ray):
     table = torch.nn.Parameter(torch.randn(100, 8))
     fetched = ray.get(ray.put(cpu_copy({"embed_tokens.weight": table, "lm_head.weight": table})))
     assert fetched["lm_head.weight"].data_ptr() == fetched["embed_tokens.weight"].data_ptr()
+
+
+def test_recording_a_version_keeps_the_runs_expiry(redis_client):
+    """The driver refreshes the expiry of the run's keys (driver/retention.py): the learner's SET of a
+    new version between two refreshes must not take it off, or a SIGKILLed driver leaves the key for ever."""
+    record = VersionRecord(redis_client, "weights-ttl")
+    record.record(1)
+    redis_client.expire(policy_version_key("weights-ttl"), 3600)
+    record.record(2)
+    assert record.latest() == 2 and 0 < redis_client.ttl(policy_version_key("weights-ttl")) <= 3600

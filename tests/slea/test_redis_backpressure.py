@@ -4,6 +4,7 @@ to do, instead of a raw OOM reply or a retry loop."""
 
 import pytest
 import redis
+from helpers import fill_redis
 
 from learner.weights import VersionRecord
 from library.sync import Publisher
@@ -17,18 +18,13 @@ STREAM, DEAD = "slea:full:steps", "slea:full:dead"
 def full_redis(redis_client):
     """The server over its maxmemory (set below what it uses), a junk entry waiting in the stream."""
     redis_client.xadd(STREAM, {PAYLOAD_FIELD: b"not msgpack"})
-    redis_client.config_set("maxmemory-policy", "noeviction")
-    fill(redis_client)
+    fill_redis(redis_client)
     try:
         with pytest.raises(redis.exceptions.OutOfMemoryError):
             redis_client.set("ballast", b"x")
         yield redis_client
     finally:
         redis_client.config_set("maxmemory", 0)
-
-
-def fill(client: redis.Redis) -> None:
-    client.config_set("maxmemory", client.info("memory")["used_memory"] // 2)
 
 
 def test_the_policy_version_record(full_redis):
@@ -44,7 +40,7 @@ def test_the_librarys_replicated_state(full_redis):
 def test_a_dead_letter(full_redis):
     full_redis.config_set("maxmemory", 0)  # room for the group to be created, then full again
     reader = StreamConsumer(full_redis, STREAM, group="learner", consumer="l0", dead_letter_key=DEAD)
-    fill(full_redis)
+    fill_redis(full_redis)
     with pytest.raises(RedisBackpressure, match=f"refused a dead letter from {STREAM}"):
         reader.read(count=10, block_ms=10)
     assert full_redis.xpending(STREAM, "learner")["pending"] == 1, "the junk entry stays pending, not lost"

@@ -1,5 +1,5 @@
 """A finished run's keys expire from a shared Redis (redis.retention_s), and only that run's; a
-resumed run keeps them. `slea train` does both around the run (driver/train.py _retained)."""
+resumed run keeps them. `slea train` does both around the run (driver/retention.py)."""
 
 from slea.stream_admin import expire_run, keep_run, run_keys
 
