@@ -10,8 +10,8 @@ import json
 import os
 import re
 import subprocess
-from contextlib import contextmanager
 from pathlib import Path
+from unittest.mock import patch
 
 import yaml
 from required_tools import kubectl
@@ -132,19 +132,5 @@ def entrypoint_config(rayjob: dict):
     assert path.is_relative_to(IMAGE_WORKDIR), f"config {path} is not inside the image's {IMAGE_WORKDIR}"
     overrides = [value for flag, value in zip(argv[3::2], argv[4::2]) if flag == "--set"]
     assert len(overrides) * 2 == len(argv) - 3, f"entrypoint arguments after the config must be --set pairs: {argv[3:]}"
-    with _environment(head_env):  # the driver loads its config on the head (run.id_env)
+    with patch.dict(os.environ, head_env):  # the driver loads its config on the head (run.id_env)
         return load_config(REPO / path.relative_to(IMAGE_WORKDIR), overrides), overrides
-
-
-@contextmanager
-def _environment(variables: dict[str, str]):
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
