@@ -18,4 +18,6 @@ def test_the_layout_table_covers_every_path_the_image_has():
             assert value in IMAGE_PATHS or value.startswith("/tmp/"), f"ENV {key}={value} is not in IMAGE_PATHS"
     for source, destination in dockerfile.copies:
         assert (REPO / source).exists(), f"COPY {source}: not in the checkout the runner binds at /app"
-        assert not destination.startswith("/") or destination.startswith("/app"), f"COPY to {destination}: outside WORKDIR"
+        assert not destination.startswith("/") or destination.startswith("/app"), (
+            f"COPY to {destination}: outside WORKDIR"
+        )
