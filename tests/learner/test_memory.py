@@ -67,7 +67,7 @@ def test_qwen25_15b_counts_as_the_config_quotes():
 
 
 MEASURE = """
-import json, resource, sys
+import json, sys
 import numpy as np, psutil, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from learner.batch import TrainSample
@@ -83,15 +83,19 @@ def batch():
     return [TrainSample(rng.integers(1, 49152, prompt, dtype=np.int32), rng.integers(1, 49152, response, dtype=np.int32),
         np.full(response, -3.0, dtype=np.float32), float(rng.normal()), 0) for _ in range(rows)]
 samples = [batch(), batch(), batch()]
+def high_water_mark():  # VmHWM: the peak RSS since the process began or its last reset
+    status = open("/proc/self/status").read()
+    return int(status.split("VmHWM:")[1].split()[0]) * 1024
 baseline = psutil.Process().memory_info().rss
-peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+open("/proc/self/clear_refs", "w").write("5")  # resets VmHWM (proc(5)): the imports' peak is gone
+peak_before = high_water_mark()
 model = LlamaForCausalLM(config)
 params = sum(p.numel() for p in model.parameters())
 cfg = LearnerConfig(zero_stage=0, kl_coef=0.01, mini_batches=1, micro_batch_tokens=rows * (prompt + response), compute_dtype="float32", lr=1e-4)
 trainer = PolicyTrainer(model, cfg, pad_id=0)
 for s in samples:
     trainer.train_step(s)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = high_water_mark()
 print(json.dumps({"params": params, "measured": peak - baseline, "peak_before": peak_before, "baseline": baseline}))
 """
 
