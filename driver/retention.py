@@ -53,11 +53,11 @@ class Refresher(threading.Thread):
         super().__init__(name="slea-retention", daemon=True)
         self.client = connect(config.redis)
         self.run_id, self.retention_s = config.run.id, config.redis.retention_s
-        self._stop = threading.Event()
+        self._stopping = threading.Event()  # not `_stop`: threading.Thread has a method of that name
 
     def run(self) -> None:
         failing = False
-        while not self._stop.wait(refresh_interval_s(self.retention_s)):
+        while not self._stopping.wait(refresh_interval_s(self.retention_s)):
             try:
                 expire_run_and_pointer(self.client, self.run_id, self.retention_s)
                 failing = False
@@ -67,7 +67,7 @@ class Refresher(threading.Thread):
                 failing = True
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
         self.join(timeout=10)
         self.client.close()
 
