@@ -110,12 +110,13 @@ class ImageLayout:
     entrypoint: list[str] = field(default_factory=list)
     cmd: list[str] = field(default_factory=list)
 
-    def mounts(self, volume_paths: list[str]) -> tuple[list[str], list[str]]:
+    def mounts(self, volume_paths: list[str]) -> tuple[list[str], list[str], list[str]]:
         """bwrap arguments: the OS read-only, then the image's own paths (their parents 0755,
         as an image's directories are: bwrap would copy this machine's modes, /root's 0700); and
         the directories to remount read-only once the volumes are in. A container runtime makes
         a volume's mount point in the image (/etc/slea-redis): an OS directory that holds one is
-        laid out entry by entry on a tmpfs, so the point can be made there."""
+        laid out entry by entry on a tmpfs, so the point can be made there. The third list goes
+        after the volumes: the image's paths that lie under one."""
         mounts: list[str] = []
         exploded = []
         for directory in OS_DIRECTORIES:
@@ -133,16 +134,22 @@ class ImageLayout:
             elif os.path.isdir(directory):
                 mounts += ["--ro-bind", directory, directory]
         made = set(OS_DIRECTORIES)
+        over_volumes: list[str] = []
         for source, target in self.binds:
+            # A path of this machine under a volume's mount point (a checkout cloned into /tmp, its
+            # venv with it) goes on top of the volume, after it is mounted, or the volume hides it.
+            under_volume = any(target.startswith(path.rstrip("/") + "/") for path in volume_paths)
+            into = over_volumes if under_volume else mounts
             for parent in reversed(Path(target).parents):
                 if (
                     str(parent) != "/"
                     and str(parent) not in made
                     and not str(parent).startswith(tuple(d + "/" for d in OS_DIRECTORIES))
+                    and not any(str(parent).rstrip("/") == path.rstrip("/") for path in volume_paths)
                 ):
-                    mounts += ["--perms", "0755", "--dir", str(parent)]
+                    into += ["--perms", "0755", "--dir", str(parent)]
                     made.add(str(parent))
-            mounts += ["--ro-bind", source, target]
+            into += ["--ro-bind", source, target]
         for path in volume_paths:  # their parents too (bwrap would make them 0700)
             for parent in map(str, reversed(Path(path).parents)):
                 inside_os = parent.startswith(tuple(d + "/" for d in OS_DIRECTORIES if d not in exploded))
@@ -151,7 +158,7 @@ class ImageLayout:
                     made.add(parent)
         if self.workdir not in made and self.workdir not in {target for _, target in self.binds}:
             mounts += ["--perms", "0755", "--dir", self.workdir]  # WORKDIR: the image has it
-        return mounts, exploded
+        return mounts, exploded, over_volumes
 
     def command(self, container: dict, env: dict[str, str]) -> list[str]:
         """Kubernetes' rule: `command` replaces ENTRYPOINT, `args` replaces CMD; $(VAR) expands."""

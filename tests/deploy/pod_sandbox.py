@@ -338,7 +338,9 @@ class Node:
         uid = security.get("runAsUser", image.uid)
         gid = security.get("runAsGroup", image.gid)
         groups = sorted({gid, *([security["fsGroup"]] if "fsGroup" in security else [])})
-        image_mounts, read_only_later = image.mounts([mount["mountPath"] for mount in spec.get("volumeMounts", [])])
+        image_mounts, read_only_later, over_volumes = image.mounts(
+            [mount["mountPath"] for mount in spec.get("volumeMounts", [])]
+        )
         mounts = ["--tmpfs", "/", *image_mounts, "--dev", "/dev", "--proc", "/proc"]
         for mount in spec.get("volumeMounts", []):
             source = pod.directory / "volumes" / mount["name"]
@@ -346,6 +348,7 @@ class Node:
                 source = Path((pod.directory / "volumes" / f"{mount['name']}.memory").read_text())
             flag = "--ro-bind" if mount.get("readOnly") else "--bind"
             mounts += [flag, str(source / mount.get("subPath", "")), mount["mountPath"]]
+        mounts += over_volumes
         for name, source in (
             ("hosts", pod.directory / "hosts"),
             ("hostname", pod.directory / "hostname"),
