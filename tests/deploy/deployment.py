@@ -132,9 +132,7 @@ class Deployment:
     ) -> None:
         """One worker pod after another, each ready before the next: KubeRay creates them at once,
         but on 2 cores a raylet whose dashboard agent starts late beside three others gives up
-        ("Timed out waiting for file dashboard_agent_listen_port"), which no cluster here shows.
-        With `ready` False each waits only for its raylet (a RayService worker is ready only once
-        Serve's proxy answers, which is after the serve config goes in)."""
+        ("Timed out waiting for file dashboard_agent_listen_port"), which no cluster here shows."""
         for group, count in workers.items():
             for _ in range(count):
                 pod = f"{attempt.cluster_name}-{group}-worker-{random_suffix()}"
@@ -142,57 +140,7 @@ class Deployment:
                 self.node.start(
                     kuberay_pods.ray_pod(cluster_spec, group, attempt.cluster_name, pod, NAMESPACE, creator)
                 )
-                if ready:
-                    self.node.wait_ready(pod, timeout_s)
-                else:
-                    self.node.wait_probe(pod, "/api/healthz", kuberay_pods.DASHBOARD_AGENT_PORT, timeout_s)
-
-    def end_attempt(self, attempt: Attempt, grace: bool = False) -> None:
-        """The attempt's pods go (KubeRay deletes the RayCluster before a retry): at once, or with
-        each pod's grace period."""
-        for pod in [attempt.submitter, *(p for pods in attempt.workers.values() for p in pods), attempt.head]:
-            if pod in self.node.pods:
-                (self.node.delete if grace else self.node.kill)(pod)
-
-    # --- the RayService ------------------------------------------------------------------------
-    def start_rayservice(self, workers: int = 1, timeout_s: float = 300) -> Attempt:
-        """The RayService's RayCluster, and its serveConfigV2 deployed the way the RayService
-        controller deploys it: PUT to the head's dashboard at /api/serve/applications/
-        (rayservice_controller.go updateServeDeployment, via the dashboard client)."""
-        import json
-        import urllib.request
-
-        import yaml
-
-        service = find(self.manifests, "RayService", "slea-library")
-        name = service["metadata"]["name"]
-        attempt = Attempt(cluster_name=f"{name}-{random_suffix()}", job_id="")
-        cluster_spec = service["spec"]["rayClusterConfig"]
-        self.node.add_service(
-            kuberay_pods.head_service_name(attempt.cluster_name),
-            kuberay_pods.head_service_selector(attempt.cluster_name),
-        )
-        self.node.add_service(f"{name}-serve-svc", {"ray.io/cluster": attempt.cluster_name, "ray.io/serve": "true"})
-        attempt.head = f"{attempt.cluster_name}-head-{random_suffix()}"
-        self.node.start(
-            kuberay_pods.ray_pod(cluster_spec, "head", attempt.cluster_name, attempt.head, NAMESPACE, "RayService")
-        )
-        head = self.node.wait_ready(attempt.head, timeout_s)
-        group = cluster_spec["workerGroupSpecs"][0]["groupName"]
-        self._start_workers(cluster_spec, attempt, {group: workers}, "RayService", timeout_s, ready=False)
-        body = json.dumps(yaml.safe_load(service["spec"]["serveConfigV2"])).encode()
-        request = urllib.request.Request(
-            f"http://{head.ip}:{kuberay_pods.DASHBOARD_PORT}/api/serve/applications/",
-            data=body,
-            method="PUT",
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.ray_token}"},
-        )
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(request, timeout=60) as response:
-            assert response.status == 200, f"the dashboard refused the serve config: {response.status}"
-        for pod in attempt.workers[group]:
-            self.node.wait_ready(pod, timeout_s)
-        return attempt
+                self.node.wait_ready(pod, timeout_s)
 
     def close(self) -> None:
         self.node.close()

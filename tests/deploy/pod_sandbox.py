@@ -4,8 +4,7 @@ its own (tests/deploy/pod_network.py), the images laid out by tests/deploy/image
 
 What a container gets, as Kubernetes gives it:
 - its command and args (the image's entrypoint where the manifest gives none), in its own PID
-  namespace as PID 1, with SIGTERM, the grace period (terminationGracePeriodSeconds, 30 s when
-  unset), then SIGKILL on deletion;
+  namespace as PID 1;
 - its environment: plain values with $(VAR) references, the downward API (metadata.name,
   metadata.namespace, metadata.labels['...'], status.podIP), secretKeyRef and configMapKeyRef
   (optional or not), envFrom; after the image's ENV;
@@ -29,7 +28,8 @@ What it does not emulate: NetworkPolicies (every pod reaches every pod; tests/de
 test_networkpolicies.py evaluates them instead), resource requests and limits (cgroups), the
 scheduler and nodes, image pulls, Service ClusterIPs and ports that differ from their target
 ports (a name resolves to the pod IPs), readiness-gated endpoints (a Service's name resolves to
-every running pod it selects), projected service-account tokens, the container runtime's
+every running pod it selects), projected service-account tokens, pod deletion with SIGTERM and
+the grace period (pods here go at once, with SIGKILL), the container runtime's
 open-files limit (containerd gives 1048576; here a container keeps this machine's hard limit, so
 the `ulimit -n 65536` in KubeRay's command may say "Operation not permitted" and go on).
 """
@@ -52,8 +52,8 @@ from pathlib import Path
 from image_layout import ImageLayout
 from pod_network import PodNetwork
 
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the node reaches pods directly
 RESTART_BACKOFF_S = 10  # the kubelet's first CrashLoopBackOff delay
-DEFAULT_GRACE_S = 30  # terminationGracePeriodSeconds when a pod does not set it
 
 
 @dataclass
@@ -86,10 +86,6 @@ class Pod:
     @property
     def labels(self) -> dict[str, str]:
         return self.manifest["metadata"].get("labels", {})
-
-    def logs(self, container: str | None = None) -> str:
-        name = container or next(iter(self.containers))
-        return self.containers[name].log.read_text(errors="replace")
 
     def running(self) -> bool:
         return any(c.process is not None and c.process.poll() is None for c in self.containers.values())
@@ -164,22 +160,6 @@ class Node:
             threading.Thread(target=self._supervise, args=(pod, container), daemon=True).start()
         return pod
 
-    def kill(self, name: str) -> None:
-        """The pod is lost at once (its node died, or it was OOM-killed whole): SIGKILL, no grace."""
-        self._remove(name, grace_s=0)
-
-    def delete(self, name: str, grace_s: float | None = None) -> None:
-        """`kubectl delete pod`: SIGTERM to every container, the grace period, then SIGKILL."""
-        pod = self.pods[name]
-        grace = (
-            pod.manifest["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_S) if grace_s is None else grace_s
-        )
-        self._remove(name, grace_s=grace)
-
-    def kill_container(self, pod: str, container: str) -> None:
-        """SIGKILL one container's process tree; the kubelet restarts it per restartPolicy."""
-        os.kill(self.pods[pod].containers[container].pid, signal.SIGKILL)
-
     def wait_ready(self, name: str, timeout_s: float) -> Pod:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -191,26 +171,6 @@ class Node:
             f"pod {name} not ready in {timeout_s:.0f} s; its logs:\n{self.tails(name) if name in self.pods else '(none)'}"
         )
 
-    def wait_probe(self, name: str, path: str, port: int, timeout_s: float) -> None:
-        """Until an HTTP GET of the pod's `path` on `port` answers 2xx/3xx (a raylet's agent up)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            pod = self.pods.get(name)
-            if pod is not None and pod.containers:
-                container = next(iter(pod.containers.values()))
-                if self._probe(pod, container, {"httpGet": {"path": path, "port": port}, "timeoutSeconds": 2}):
-                    return
-            time.sleep(1)
-        raise TimeoutError(f"pod {name}: {path} on port {port} did not answer in {timeout_s:.0f} s")
-
-    def wait_exit(self, name: str, timeout_s: float) -> list[int]:
-        """The exit codes of a pod whose containers end (restartPolicy Never/OnFailure)."""
-        pod = self.pods[name]
-        for container in pod.containers.values():
-            assert container.process is not None
-            container.process.wait(timeout=timeout_s)
-        return [c.process.returncode for c in pod.containers.values()]
-
     def tails(self, name: str, chars: int = 4000) -> str:
         pod = self.pods[name]
         return "\n".join(
@@ -219,25 +179,20 @@ class Node:
 
     def close(self) -> None:
         for name in list(self.pods):
-            self._remove(name, grace_s=0)
+            self._remove(name)
         self.network.close()
         shutil.rmtree(self.memory_root, ignore_errors=True)
 
     # --- the kubelet's work --------------------------------------------------------------------
-    def _remove(self, name: str, grace_s: float) -> None:
+    def _remove(self, name: str) -> None:
+        """The pod goes at once: SIGKILL to each container's PID 1."""
         pod = self.pods[name]
         pod.deleting = True
         for container in pod.containers.values():
             if container.process is not None and container.process.poll() is None:
-                os.kill(container.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
-        deadline = time.monotonic() + grace_s
+                os.kill(container.pid, signal.SIGKILL)  # PID 1: its PID namespace goes with it
         for container in pod.containers.values():
-            if container.process is None:
-                continue
-            try:
-                container.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                container.process.kill()  # bwrap, and with it (--die-with-parent) the container
+            if container.process is not None:
                 container.process.wait(timeout=30)
         with self._lock:
             del self.pods[name]
@@ -298,8 +253,7 @@ class Node:
             port = self._port(container.spec, action["port"])
             if "httpGet" in probe:
                 url = f"http://{pod.ip}:{port}{action.get('path', '/')}"
-                opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-                with opener.open(url, timeout=timeout) as response:
+                with NO_PROXY.open(url, timeout=timeout) as response:
                     return 200 <= response.status < 400
             with socket.create_connection((pod.ip, port), timeout=timeout):
                 return True

@@ -17,6 +17,7 @@ import yaml
 from deployment import Deployment
 from image_layout import bake
 from pod_network import can_make_pod_networks
+from pod_sandbox import NO_PROXY
 from required_tools import under_ci
 
 pytestmark = pytest.mark.whole_run  # slow too (tests/conftest.py)
@@ -39,7 +40,6 @@ SETTINGS = [  # appended to the overlay's entrypoint: this machine's sizes
     "eval.every=0",
 ]
 WORKERS = {"actors": 1, "learner": 1, "library": 1}
-NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _wait(what: str, condition, timeout_s: float, deployment: Deployment, pods: list[str]):
