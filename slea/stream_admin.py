@@ -100,13 +100,8 @@ def run_keys(client: redis.Redis, run_id: str) -> list[bytes]:
 
 def expire_run(client: redis.Redis, run_id: str, seconds: int) -> int:
     """Let the run's keys expire `seconds` from now (a shared Redis with `noeviction` never drops them
-    otherwise); returns how many. A resumed run calls keep_run and they stay."""
+    otherwise); returns how many. A live driver sets it again and again (driver/retention.py)."""
     return _on_run_keys(client, run_id, lambda pipe, key: pipe.expire(key, seconds))
-
-
-def keep_run(client: redis.Redis, run_id: str) -> int:
-    """Take back expire_run: the run goes on (resumed within its retention period); returns how many keys."""
-    return _on_run_keys(client, run_id, lambda pipe, key: pipe.persist(key))
 
 
 def _on_run_keys(client: redis.Redis, run_id: str, command) -> int:
