@@ -123,7 +123,7 @@ class Supervisor:
             self._failures.popleft()
         if len(self._failures) >= self.max_failures:
             raise ComponentFailed(
-                f"the {component.name} died ({error}): {len(self._failures) + 1} failures within "
+                f"the {component.name} died ({error}) after {self.restarts} restart(s): {len(self._failures) + 1} failures within "
                 f"{self.window_s:g} s (run.failure_window_s) of the learner and library writer, more than "
                 f"run.max_failures={self.max_failures} allows: the run stops. Its run directory resumes with "
                 "`slea train --resume <run dir>` once the cause is fixed."
