@@ -144,6 +144,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return run_doctor(json_output=args.json)
 
 
+def cmd_pod_stop(args: argparse.Namespace) -> int:
+    from driver.pod_stop import stop_pod
+
+    return stop_pod(args.timeout_s)
+
+
 def cmd_play(args: argparse.Namespace) -> int:
     from actors.envs.runner import EnvUnavailableError, play
 
@@ -504,6 +510,18 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser("doctor", help="check this machine: Python, torch, Redis, Ray, GPU/vLLM, models")
     doctor.add_argument("--json", action="store_true", help="print one JSON object")
     doctor.set_defaults(func=cmd_doctor)
+
+    pod_stop = commands.add_parser(
+        "pod-stop",
+        help="a Ray pod's preStop hook: stop the run's driver here gracefully and wait for slea's actors here to go",
+    )
+    pod_stop.add_argument(
+        "--timeout-s",
+        type=float,
+        default=1020.0,
+        help="give up waiting after this long (default 1020: the driver's whole graceful stop, driver/train.py)",
+    )
+    pod_stop.set_defaults(func=cmd_pod_stop)
     return parser
 
 

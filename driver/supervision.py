@@ -10,6 +10,12 @@ the dead-letter path cannot catch) stops the run with its last error instead of 
 while a long run survives rare faults spread over days; past it the driver raises ComponentFailed
 and `_shutdown` still stops the others in order (the library's final snapshot). A restart that
 fails (no node can place the learner, its rebuild killed) is one more failure, and is tried again.
+
+A component can also hang: alive, answering nothing, reading nothing (a stopped process, a
+deadlock, a stuck collective). Its heartbeat is the stream itself: the last entry its consumer
+group was given. When entries wait for the group and none is given for `run.hang_timeout_s`, the
+component is restarted as if it had died. The driver's calls into a component time out
+(CALL_TIMEOUT_S), so a hung one cannot hang the driver too.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ from pathlib import Path
 import ray
 
 from monitoring.metrics import metric
+from slea.stream_admin import GroupStats
 
 ERROR_CHARS = 300  # of a dead component's error in the console line and the final message
+CALL_TIMEOUT_S = 10.0  # a call the driver makes into a component (its actors serve calls concurrently)
 
 
 class ComponentFailed(RuntimeError):
@@ -40,22 +48,26 @@ class Supervised:
     name: str  # "learner" | "library writer": the console's word and the metric's label
     start: Callable[[], tuple[list, list]]  # -> (actor handles, their run() object refs)
     resumes_from: Callable[[], str]  # "checkpoint v3", "snapshot v000000012": what a restart continues
+    group: str  # the stream consumer group it reads: its heartbeat
     runs_until_stopped: bool = False  # the library writer: its run() returning at all is a failure
     handles: list = field(default_factory=list)
     runs: list = field(default_factory=list)
+    last_read: tuple[str, float] = ("", 0.0)  # (its group's last delivered entry, clock() when first seen)
 
     def launch(self) -> None:
         self.handles, self.runs = self.start()
+        self.last_read = ("", 0.0)  # the next heartbeat check starts counting
 
     @property
     def head(self):
         return self.handles[0]
 
     def call(self, method: str, default=None):
-        """`head.method()`, or `default` while it is dead (the next check restarts it)."""
+        """`head.method()`, or `default` while it is dead or does not answer within CALL_TIMEOUT_S
+        (the next check restarts a dead one; the heartbeat a hung one)."""
         try:
-            return ray.get(getattr(self.head, method).remote())
-        except ray.exceptions.RayActorError:
+            return ray.get(getattr(self.head, method).remote(), timeout=CALL_TIMEOUT_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return default
 
     def kill(self) -> None:
@@ -65,19 +77,21 @@ class Supervised:
 
 
 class Supervisor:
-    """Checks each component every poll and restarts a dead one, up to `max_failures` within any
-    `window_s` seconds (run.failure_window_s), all components together."""
+    """Checks each component every poll and restarts a dead or hung one, up to `max_failures`
+    within any `window_s` seconds (run.failure_window_s), all components together."""
 
     def __init__(
         self,
         max_failures: int,
         say: Callable[[str], None],
         window_s: float = 3600.0,
+        hang_timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.max_failures = max_failures
         self.say = say  # one line to the driver's console
         self.window_s = window_s
+        self.hang_timeout_s = hang_timeout_s  # run.hang_timeout_s; None: no hang check
         self.clock = clock
         self.restarts = 0  # of all components so far
         self._failures: deque[float] = deque()  # clock() of each failure within the window
@@ -98,6 +112,22 @@ class Supervisor:
             error = describe(exc)
         self.restart(component, error)
         return False
+
+    def check_heartbeat(self, component: Supervised, group: GroupStats | None) -> None:
+        """Restart the component when entries have waited for its consumer group (lag > 0) and
+        none was given to it for `hang_timeout_s`: it is alive but makes no progress."""
+        now = self.clock()
+        if self.hang_timeout_s is None or group is None:
+            return
+        last_id, since = component.last_read
+        if group.lag == 0 or group.last_delivered_id != last_id:
+            component.last_read = (group.last_delivered_id, now)
+            return
+        if now - since >= self.hang_timeout_s:
+            self.restart(
+                component,
+                f"hung: no stream entry read for {now - since:.0f} s while {group.lag} waited (run.hang_timeout_s)",
+            )
 
     def restart(self, component: Supervised, error: str) -> None:
         """Kill what is left of the component and start it again; a start that raises is one more

@@ -34,8 +34,8 @@ from slea.channels import RAY_NAMESPACE
 from slea.config import ConfigError, SleaConfig, check_trainable
 from slea.gpu_visibility import gpu_options
 from slea.redis_conn import connect, with_reconnect
-from slea.services import prepare_run_dir, redis_for_run, sigterm_as_interrupt, stream_groups
-from slea.stream_admin import group_stats, trim_acknowledged
+from slea.services import interrupt_on_sigterm, prepare_run_dir, redis_for_run, sigterm_as_interrupt, stream_groups
+from slea.stream_admin import GroupStats, group_stats, trim_acknowledged
 from slea.streams import ensure_group
 
 POLL_S = 2.0
@@ -155,7 +155,12 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
     recorder = _recorder(config, run_dir)
     progress = Progress(config)
     library = learner = pool = sizer = None
-    supervisor = Supervisor(config.run.max_failures, console.note, window_s=config.run.failure_window_s)
+    supervisor = Supervisor(
+        config.run.max_failures,
+        console.note,
+        window_s=config.run.failure_window_s,
+        hang_timeout_s=config.run.hang_timeout_s,
+    )
     summaries, stats = [], None
     try:
         _check_gpus(config, console)
@@ -206,6 +211,9 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
                 if library is not None:
                     supervisor.finished(library)
                 watch.step()
+                for component in (learner, library):  # alive but reading nothing: restarted as if dead
+                    if component is not None:
+                        supervisor.check_heartbeat(component, watch.groups.get(component.group))
                 if finished:
                     break
                 if stop_at is not None and time.monotonic() >= stop_at:
@@ -268,6 +276,7 @@ def _join_ray(config: SleaConfig, console: RunConsole) -> None:
             logging_level=logging.WARNING,  # our own lines say what starts; Ray's INFO lines would bury them
             runtime_env={"env_vars": worker_environment()},  # waiting OpenMP threads sleep (slea/cpu_threads.py)
         )
+    interrupt_on_sigterm()  # back over ray.init()'s own handler: a SIGTERM (a pod's preStop hook) is the graceful stop
     from ray import serve  # noqa: F401  (imported first: importing it sets its driver-side logger to INFO)
 
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
@@ -321,18 +330,20 @@ class Watch:
         self.progress, self.recorder, self.console, self.evals, self.live = progress, recorder, console, evals, live
         self.summaries: list[dict] = []  # the actor workers' latest summaries
         self.stats: dict | None = None  # the library's latest sizes and version
+        self.groups: dict[str, GroupStats] = {}  # the stream's consumer groups at the latest poll
 
-    def _lags_and_trim(self) -> dict[str, int]:
-        """The stream's lag per group, after trimming what every group acknowledged (Redis may be
+    def _groups_and_trim(self) -> dict[str, GroupStats]:
+        """The stream's consumer groups, after trimming what every group acknowledged (Redis may be
         restarting on its AOF: the caller retries, as every component does)."""
-        lags = {name: group.lag for name, group in group_stats(self.client, self.stream).items()}
+        groups = group_stats(self.client, self.stream)
         trim_acknowledged(self.client, self.stream, self.trimmed_groups)
-        return lags
+        return groups
 
     def step(self) -> list[dict]:
         """One poll; returns the learner steps it drained."""
         self.pool.supervise()
-        lags = with_reconnect(self._lags_and_trim, max_wait_s=self.config.redis.reconnect_max_s)
+        self.groups = with_reconnect(self._groups_and_trim, max_wait_s=self.config.redis.reconnect_max_s)
+        lags = {name: group.lag for name, group in self.groups.items()}
         self.stats = self.library_stats()
         self.summaries = self.pool.summaries()
         learner_steps = self.drain_learner()
@@ -365,7 +376,9 @@ def _start_library(config: SleaConfig, run_dir):
         ).remote(config.model_dump(mode="json"), config.redis.url, str(run_dir))
         return [writer], [writer.run.remote()]
 
-    library = Supervised("library writer", start, lambda: snapshot_text(run_dir), runs_until_stopped=True)
+    library = Supervised(
+        "library writer", start, lambda: snapshot_text(run_dir), group="library", runs_until_stopped=True
+    )
     library.launch()
     start_serve_app(config, config.redis.url)  # replicas need no library yet: they answer 503 until it is published
     return library
@@ -386,7 +399,7 @@ def _start_learner(config: SleaConfig, run_dir):
         )
         return ranks, [rank.run.remote() for rank in ranks]
 
-    learner = Supervised("learner", start, lambda: checkpoint_text(run_dir / "learner"))
+    learner = Supervised("learner", start, lambda: checkpoint_text(run_dir / "learner"), group="learner")
     learner.launch()
     return learner
 

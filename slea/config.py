@@ -74,6 +74,11 @@ class RunConfig(_Section):
         gt=0,
         description="Window of run.max_failures: an hour, so a crash loop stops the run in minutes while a week-long run survives rare faults (a preempted node, an OOM kill); the SleaComponentRestarts alert uses the same hour.",
     )
+    hang_timeout_s: float | None = Field(
+        1800.0,
+        gt=0,
+        description="A learner or library writer whose consumer group is given no stream entry for this long while entries wait for it is hung (alive, no progress): the driver restarts it as if it had died, within run.max_failures. Half an hour: longer than a learner step plus a checkpoint of the largest model the configs train (null: never).",
+    )
     max_seconds: float | None = Field(
         None,
         gt=0,

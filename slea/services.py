@@ -6,6 +6,7 @@ import contextlib
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from slea.config import SleaConfig, dump_config
 from slea.embedded_redis import EmbeddedRedis
@@ -71,14 +72,21 @@ def redis_for_run(config: SleaConfig, run_dir: Path) -> Iterator[str]:
         server.stop(remove_data=False)
 
 
+def _interrupt(_signum, _frame):
+    raise KeyboardInterrupt
+
+
+def interrupt_on_sigterm() -> Any:
+    """SIGTERM raises KeyboardInterrupt from here on, as Ctrl-C does; returns the handler it
+    replaced. `ray.init()` installs its own SIGTERM handler (sys.exit, and in a Ray job's driver
+    an abort: exit 134 before any cleanup), so a driver calls this again once it has joined Ray."""
+    return signal.signal(signal.SIGTERM, _interrupt)
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """Kubernetes and Ray stop processes with SIGTERM; treat it like Ctrl-C so cleanup runs."""
-
-    def interrupt(_signum, _frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = interrupt_on_sigterm()
     try:
         yield
     finally:

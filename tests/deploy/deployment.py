@@ -7,15 +7,18 @@ pod sandbox (tests/deploy/pod_sandbox.py). The deploy tests drive a deployment t
 from __future__ import annotations
 
 import copy
+import json
 import secrets
 import string
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import kuberay_pods
+import yaml
 from image_layout import redis_exporter_image, redis_image, slea_image
 from k8s_render import K8S, find, kustomize
-from pod_sandbox import Node, Pod
+from pod_sandbox import NO_PROXY, Node, Pod
 
 OVERLAY = K8S / "overlays" / "cpu-kind"
 NAMESPACE = "default"
@@ -132,7 +135,9 @@ class Deployment:
     ) -> None:
         """One worker pod after another, each ready before the next: KubeRay creates them at once,
         but on 2 cores a raylet whose dashboard agent starts late beside three others gives up
-        ("Timed out waiting for file dashboard_agent_listen_port"), which no cluster here shows."""
+        ("Timed out waiting for file dashboard_agent_listen_port"), which no cluster here shows.
+        With `ready` False each waits only for its raylet's agent (a RayService worker is ready
+        only once Serve's proxy answers, which is after the serve config goes in)."""
         for group, count in workers.items():
             for _ in range(count):
                 pod = f"{attempt.cluster_name}-{group}-worker-{random_suffix()}"
@@ -140,7 +145,55 @@ class Deployment:
                 self.node.start(
                     kuberay_pods.ray_pod(cluster_spec, group, attempt.cluster_name, pod, NAMESPACE, creator)
                 )
-                self.node.wait_ready(pod, timeout_s)
+                if ready:
+                    self.node.wait_ready(pod, timeout_s)
+                else:
+                    self.node.wait_probe(pod, "/api/healthz", kuberay_pods.DASHBOARD_AGENT_PORT, timeout_s)
+
+    def pods_of(self, attempt: Attempt) -> list[str]:
+        """The attempt's pods: the submitter, the head, the workers."""
+        return [attempt.submitter, attempt.head, *(p for pods in attempt.workers.values() for p in pods)]
+
+    def lose_attempt(self, attempt: Attempt) -> None:
+        """Every pod of the attempt lost at once (SIGKILL: its node died), as before KubeRay's
+        retry deletes what is left of the RayCluster."""
+        for pod in self.pods_of(attempt):
+            if pod in self.node.pods:
+                self.node.kill(pod)
+
+    # --- the RayService ------------------------------------------------------------------------
+    def start_rayservice(self, workers: int = 1, timeout_s: float = 300) -> Attempt:
+        """The RayService's RayCluster, and its serveConfigV2 deployed the way the RayService
+        controller deploys it: PUT to the head's dashboard at /api/serve/applications/ with the
+        cluster's token (rayservice_controller.go updateServeDeployment, through the dashboard
+        client, dashboard_httpclient.go UpdateDeployments)."""
+        service = find(self.manifests, "RayService", "slea-library")
+        name = service["metadata"]["name"]
+        attempt = Attempt(cluster_name=f"{name}-{random_suffix()}", job_id="")
+        cluster_spec = service["spec"]["rayClusterConfig"]
+        self.node.add_service(
+            kuberay_pods.head_service_name(attempt.cluster_name),
+            kuberay_pods.head_service_selector(attempt.cluster_name),
+        )
+        self.node.add_service(f"{name}-serve-svc", {"ray.io/cluster": attempt.cluster_name, "ray.io/serve": "true"})
+        attempt.head = f"{attempt.cluster_name}-head-{random_suffix()}"
+        self.node.start(
+            kuberay_pods.ray_pod(cluster_spec, "head", attempt.cluster_name, attempt.head, NAMESPACE, "RayService")
+        )
+        head = self.node.wait_ready(attempt.head, timeout_s)
+        group = cluster_spec["workerGroupSpecs"][0]["groupName"]
+        self._start_workers(cluster_spec, attempt, {group: workers}, "RayService", timeout_s, ready=False)
+        request = urllib.request.Request(
+            f"http://{head.ip}:{kuberay_pods.DASHBOARD_PORT}/api/serve/applications/",
+            data=json.dumps(yaml.safe_load(service["spec"]["serveConfigV2"])).encode(),
+            method="PUT",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.ray_token}"},
+        )
+        with NO_PROXY.open(request, timeout=60) as response:
+            assert response.status == 200, f"the dashboard refused the serve config: {response.status}"
+        for pod in attempt.workers[group]:
+            self.node.wait_ready(pod, timeout_s)
+        return attempt
 
     def close(self) -> None:
         self.node.close()

@@ -4,7 +4,10 @@ its own (tests/deploy/pod_network.py), the images laid out by tests/deploy/image
 
 What a container gets, as Kubernetes gives it:
 - its command and args (the image's entrypoint where the manifest gives none), in its own PID
-  namespace as PID 1;
+  namespace as PID 1; deletion runs its exec preStop hook inside the running container (its
+  namespaces, root, user and env: what runc's exec gives), then SIGTERM to PID 1, the grace
+  period (terminationGracePeriodSeconds, 30 s when unset), then SIGKILL; a lost pod (`kill`) or
+  container (`kill_container`) gets SIGKILL;
 - its environment: plain values with $(VAR) references, the downward API (metadata.name,
   metadata.namespace, metadata.labels['...'], status.podIP), secretKeyRef and configMapKeyRef
   (optional or not), envFrom; after the image's ENV;
@@ -28,8 +31,8 @@ What it does not emulate: NetworkPolicies (every pod reaches every pod; tests/de
 test_networkpolicies.py evaluates them instead), resource requests and limits (cgroups), the
 scheduler and nodes, image pulls, Service ClusterIPs and ports that differ from their target
 ports (a name resolves to the pod IPs), readiness-gated endpoints (a Service's name resolves to
-every running pod it selects), projected service-account tokens, pod deletion with SIGTERM and
-the grace period (pods here go at once, with SIGKILL), the container runtime's
+every running pod it selects), projected service-account tokens, postStart hooks and httpGet
+preStop hooks, the container runtime's
 open-files limit (containerd gives 1048576; here a container keeps this machine's hard limit, so
 the `ulimit -n 65536` in KubeRay's command may say "Operation not permitted" and go on).
 """
@@ -54,6 +57,8 @@ from pod_network import PodNetwork
 
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the node reaches pods directly
 RESTART_BACKOFF_S = 10  # the kubelet's first CrashLoopBackOff delay
+DEFAULT_GRACE_S = 30  # terminationGracePeriodSeconds when a pod does not set it
+MINIMUM_GRACE_S = 2  # the kubelet's minimumGracePeriodInSeconds after a preStop hook
 
 
 @dataclass
@@ -160,6 +165,59 @@ class Node:
             threading.Thread(target=self._supervise, args=(pod, container), daemon=True).start()
         return pod
 
+    def kill(self, name: str) -> None:
+        """The pod is lost at once (its node died, or it was OOM-killed whole): SIGKILL, no hook."""
+        self._remove(name)
+
+    def kill_container(self, pod: str, container: str) -> None:
+        """SIGKILL one container's process tree; the kubelet restarts it per restartPolicy."""
+        os.kill(self.pods[pod].containers[container].pid, signal.SIGKILL)
+
+    def delete(self, name: str) -> dict[str, str]:
+        """`kubectl delete pod`: the kubelet's killContainer for each container at once
+        (kubernetes pkg/kubelet/kuberuntime/kuberuntime_container.go): the preStop hook within the
+        grace period, then SIGTERM to PID 1 with what is left of it (2 s at least), then SIGKILL.
+        Returns each container's hook output and how the container ended."""
+        pod = self.pods[name]
+        pod.deleting = True
+        grace = pod.manifest["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_S)
+        report: dict[str, str] = {}
+
+        def kill_container(container: Container) -> None:
+            started = time.monotonic()
+            hook = container.spec.get("lifecycle", {}).get("preStop", {}).get("exec")
+            lines = []
+            if hook and container.process is not None and container.process.poll() is None:
+                try:
+                    result = subprocess.run(
+                        self._exec_argv(pod, container, hook["command"]),
+                        capture_output=True,
+                        text=True,
+                        timeout=grace,
+                    )
+                    lines.append(f"preStop exited {result.returncode}: {(result.stdout + result.stderr).strip()}")
+                except subprocess.TimeoutExpired:
+                    lines.append(f"preStop still running after the grace period ({grace} s)")
+            left = max(MINIMUM_GRACE_S, grace - (time.monotonic() - started))
+            if container.process is not None and container.process.poll() is None:
+                os.kill(container.pid, signal.SIGTERM)
+                try:
+                    container.process.wait(timeout=left)
+                    lines.append(f"exited {container.process.returncode} after SIGTERM")
+                except subprocess.TimeoutExpired:
+                    os.kill(container.pid, signal.SIGKILL)
+                    container.process.wait(timeout=30)
+                    lines.append(f"SIGKILLed {left:.0f} s after SIGTERM")
+            report[container.name] = "; ".join(lines)
+
+        threads = [threading.Thread(target=kill_container, args=(c,)) for c in pod.containers.values()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self._remove(name)
+        return report
+
     def wait_ready(self, name: str, timeout_s: float) -> Pod:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -170,6 +228,18 @@ class Node:
         raise TimeoutError(
             f"pod {name} not ready in {timeout_s:.0f} s; its logs:\n{self.tails(name) if name in self.pods else '(none)'}"
         )
+
+    def wait_probe(self, name: str, path: str, port: int, timeout_s: float) -> None:
+        """Until an HTTP GET of the pod's `path` on `port` answers 2xx/3xx (a raylet's agent up)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pod = self.pods.get(name)
+            if pod is not None and pod.containers:
+                container = next(iter(pod.containers.values()))
+                if self._probe(pod, container, {"httpGet": {"path": path, "port": port}, "timeoutSeconds": 2}):
+                    return
+            time.sleep(1)
+        raise TimeoutError(f"pod {name}: {path} on port {port} did not answer in {timeout_s:.0f} s")
 
     def tails(self, name: str, chars: int = 4000) -> str:
         pod = self.pods[name]
@@ -287,11 +357,7 @@ class Node:
     def _argv(self, pod: Pod, spec: dict, command: list[str] | None = None, info_fd: int | None = None) -> list[str]:
         """`ip netns exec` + bwrap (mounts, made as root) + setpriv (the pod's user) + the command."""
         image = self.images[re.split(r"[@:]", spec["image"])[0]]
-        pod_spec = pod.manifest["spec"]
-        security = {**pod_spec.get("securityContext", {}), **spec.get("securityContext", {})}
-        uid = security.get("runAsUser", image.uid)
-        gid = security.get("runAsGroup", image.gid)
-        groups = sorted({gid, *([security["fsGroup"]] if "fsGroup" in security else [])})
+        security = {**pod.manifest["spec"].get("securityContext", {}), **spec.get("securityContext", {})}
         image_mounts, read_only_later, over_volumes = image.mounts(
             [mount["mountPath"] for mount in spec.get("volumeMounts", [])]
         )
@@ -335,13 +401,41 @@ class Node:
             sandbox += ["--setenv", key, value]
         if info_fd is not None:
             sandbox += ["--info-fd", str(info_fd)]
+        return [*sandbox, "--", *self._user(pod, spec), *(command or image.command(spec, env))]
+
+    def _exec_argv(self, pod: Pod, container: Container, command: list[str]) -> list[str]:
+        """A command in the running container, as the runtime's exec (hooks, `kubectl exec`) runs it:
+        in its namespaces (it sees the container's processes), its root, its user and its env."""
+        image = self.images[re.split(r"[@:]", container.spec["image"])[0]]
+        env = {**image.env, **self._env(pod, container.spec)}
+        # --root and --wd without a path: PID 1's root and working directory (a path given here
+        # would be opened on this machine, before nsenter enters the container's mounts)
+        enter = ["nsenter", f"--target={container.pid}", "--mount", "--uts", "--ipc", "--net", "--pid"]
+        return [
+            *enter,
+            "--root",
+            "--wd",
+            *self._user(pod, container.spec),
+            "env",
+            "-i",
+            *(f"{k}={v}" for k, v in env.items()),
+            *command,
+        ]
+
+    def _user(self, pod: Pod, spec: dict) -> list[str]:
+        """setpriv to the container's user, groups, capabilities and no_new_privs."""
+        image = self.images[re.split(r"[@:]", spec["image"])[0]]
+        security = {**pod.manifest["spec"].get("securityContext", {}), **spec.get("securityContext", {})}
+        uid = security.get("runAsUser", image.uid)
+        gid = security.get("runAsGroup", image.gid)
+        groups = sorted({gid, *([security["fsGroup"]] if "fsGroup" in security else [])})
         drop = (
             ["--bounding-set=-all", "--inh-caps=-all"]
             if "ALL" in security.get("capabilities", {}).get("drop", [])
             else []
         )
         no_new_privs = ["--no-new-privs"] if security.get("allowPrivilegeEscalation") is False else []
-        user = [
+        return [
             "setpriv",
             f"--reuid={uid}",
             f"--regid={gid}",
@@ -350,7 +444,6 @@ class Node:
             *no_new_privs,
             "--",
         ]
-        return [*sandbox, "--", *user, *(command or image.command(spec, env))]
 
     def _env(self, pod: Pod, spec: dict) -> dict[str, str]:
         env: dict[str, str] = {}

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import redis
@@ -62,38 +63,49 @@ def shipped_redis(tmp_path_factory):
     (init,) = pod["initContainers"]
     subprocess.run([local(a) for a in init["command"]], check=True, timeout=30)
     redis_container, exporter = pod["containers"]
+
+    def launch(data: Path, port: int) -> subprocess.Popen:
+        """redis-server as the container runs it, with `data` as its /data volume."""
+        data.mkdir(exist_ok=True)
+        args = [str(data) if a == "/data" else local(a) for a in redis_container["args"][1:]]
+        return subprocess.Popen(
+            [
+                shutil.which("redis-server"),
+                *args,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--aclfile",
+                str(paths[ACL_DIR] / "users.acl"),
+                "--logfile",
+                str(data / "redis.log"),
+            ]
+        )
+
+    def system_user(port: int) -> RedisConfig:
+        return RedisConfig(
+            url=f"redis://127.0.0.1:{port}/0",
+            username="slea",
+            password_env=None,
+            password_file=str(paths[SECRET_DIR] / "password"),
+        )
+
+    def wait_up(server: subprocess.Popen, port: int, log: Path) -> None:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                connect(system_user(port)).ping()
+                return
+            except redis.ConnectionError:
+                assert server.poll() is None, log.read_text()[-2000:]
+                assert time.monotonic() < deadline, "redis-server did not come up"
+                time.sleep(0.1)
+
     port = free_port()
-    (root / "data").mkdir()
-    args = [str(root / "data") if a == "/data" else local(a) for a in redis_container["args"][1:]]  # the volume
-    server = subprocess.Popen(
-        [
-            shutil.which("redis-server"),
-            *args,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--aclfile",
-            str(paths[ACL_DIR] / "users.acl"),
-            "--logfile",
-            str(root / "redis.log"),
-        ]
-    )
-    system = RedisConfig(
-        url=f"redis://127.0.0.1:{port}/0",
-        username="slea",
-        password_env=None,
-        password_file=str(paths[SECRET_DIR] / "password"),
-    )
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            connect(system).ping()
-            break
-        except redis.ConnectionError:
-            assert server.poll() is None, (root / "redis.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "redis-server did not come up"
-            time.sleep(0.1)
+    server = launch(root / "data", port)
+    wait_up(server, port, root / "data" / "redis.log")
+    system = system_user(port)
     yield {
         "port": port,
         "system": system,
@@ -102,6 +114,9 @@ def shipped_redis(tmp_path_factory):
         "redis": redis_container,
         "exporter": exporter,
         "root": root,
+        "launch": launch,
+        "system_user": system_user,
+        "wait_up": wait_up,
     }
     server.terminate()
     server.wait(timeout=10)
@@ -120,6 +135,41 @@ def test_the_default_user_is_off(shipped_redis):
         redis.Redis(port=shipped_redis["port"]).ping()
     with pytest.raises(redis.AuthenticationError):
         redis.Redis(port=shipped_redis["port"], password="system-password-0123").ping()
+
+
+def test_transactions_survive_a_sigkill_and_the_aof_replay(shipped_redis, tmp_path):
+    """With `appendonly` on the claim, what the system wrote before a SIGKILL is back after the
+    replay, transactions (MULTI/EXEC: redis-py pipelines, the library's current-run switch)
+    included. Redis replays an AOF's EXEC as the default user and checks that user's permissions
+    again (redis/redis#14541, fixed in 8.x by #14545; valkey-io/valkey#3983): with the default
+    user off *and without commands*, every transaction was dropped on restart with "NOPERM ACLs
+    rules changed" in the log, found by tests/deploy/test_deployment_runs.py. The default user
+    stays off (nobody can log in as it) but holds every permission, so the replay keeps them."""
+    port = free_port()
+    server = shipped_redis["launch"](tmp_path / "data", port)
+    try:
+        shipped_redis["wait_up"](server, port, tmp_path / "data" / "redis.log")
+        client = connect(shipped_redis["system_user"](port))
+        with client.pipeline() as transaction:  # transaction=True: MULTI ... EXEC in the AOF
+            transaction.xadd("slea:cluster-t:steps", {"a": "1"})
+            transaction.set(policy_version_key("cluster-t"), 3)
+            transaction.execute()
+        client.xadd("slea:cluster-t:steps", {"b": "2"})
+        client.close()
+        time.sleep(1.5)  # appendfsync everysec: what the last second wrote may go, by design
+        server.kill()
+        server.wait(timeout=10)
+        server = shipped_redis["launch"](tmp_path / "data", port)
+        shipped_redis["wait_up"](server, port, tmp_path / "data" / "redis.log")
+        client = connect(shipped_redis["system_user"](port))
+        assert client.xlen("slea:cluster-t:steps") == 2, (tmp_path / "data" / "redis.log").read_text()[-1500:]
+        assert client.get(policy_version_key("cluster-t")) == b"3"
+        client.close()
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).ping()
+    finally:
+        server.kill()
+        server.wait(timeout=10)
 
 
 def test_the_system_user_does_what_the_system_does(shipped_redis):

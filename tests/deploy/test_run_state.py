@@ -147,6 +147,26 @@ def test_pods_outlive_the_graceful_stop_on_sigterm(rendered, overlay):
         )
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_deleted_pod_stops_the_run_before_ray_start_hears_the_sigterm(rendered, overlay):
+    """Every Ray container of the training cluster has `slea pod-stop` as its preStop hook: on the
+    SIGTERM `ray start --block` kills its node's Ray processes within 30 s, so the driver's stop
+    must run before it (driver/pod_stop.py; the deployment test shows the checkpoint it writes).
+    KubeRay's StopJob on a RayJob's deletion lets Ray's job supervisor wait
+    RAY_JOB_STOP_WAIT_TIME_S after its SIGTERM to the driver (3 s when unset) before SIGKILL."""
+    (cluster,) = ray_cluster_specs([find(rendered[overlay], "RayJob")]).values()
+    needed = _stop_waits()
+    for name, group in ray_pod_groups(cluster).items():
+        for container in group["template"]["spec"]["containers"]:
+            hook = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
+            assert hook == ["slea", "pod-stop"], f"{overlay} {name}: preStop {hook}"
+            env = {v["name"]: v.get("value") for v in container.get("env", [])}
+            if name == "head":
+                assert float(env.get("RAY_JOB_STOP_WAIT_TIME_S", 3)) >= needed["head"], (
+                    f"{overlay}: RAY_JOB_STOP_WAIT_TIME_S {env.get('RAY_JOB_STOP_WAIT_TIME_S')} < the driver's stop"
+                )
+
+
 def test_resume_existing_continues_a_run_whose_directory_exists(tmp_path):
     """What the entrypoint decides on a retry: a new run the first time, that run's directory after."""
     from driver.cli import existing_run

@@ -3,6 +3,7 @@ a real local Ray with small stand-in actors: a component's process killed, an ex
 its run(), a run() that finishes, and the restart budget run.max_failures running out. The whole
 run healing itself is tests/test_chaos.py."""
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import ray
 from prometheus_client import REGISTRY
 
 from driver.supervision import (
+    CALL_TIMEOUT_S,
     ComponentFailed,
     Supervised,
     Supervisor,
@@ -21,6 +23,7 @@ from driver.supervision import (
     describe,
     snapshot_text,
 )
+from slea.stream_admin import GroupStats
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +65,7 @@ def stand_in(name: str, behaviours: list[str], **options) -> Supervised:
         actor = StandIn.remote(behaviours.pop(0))
         return [actor], [actor.run.remote()]
 
-    component = Supervised(name, start, lambda: "checkpoint v3 (learner step 3)", **options)
+    component = Supervised(name, start, lambda: "checkpoint v3 (learner step 3)", group="learner", **options)
     component.launch()
     return component
 
@@ -189,3 +192,45 @@ def test_max_failures_counts_within_the_failure_window():
     now[0] = 5600.0  # the third within the hour of 3700 and 5500
     with pytest.raises(ComponentFailed, match=r"3 failures within 3600 s.+run.max_failures=2"):
         supervisor.restart(Flaky(), "its process died")
+
+
+def _group(lag: int, last_delivered_id: str) -> GroupStats:
+    return GroupStats("learner", consumers=1, pending=0, lag=lag, last_delivered_id=last_delivered_id)
+
+
+def test_a_component_that_reads_nothing_while_entries_wait_is_restarted_as_hung(local_ray):
+    """A learner stopped with SIGSTOP: alive to Ray, answering nothing. The driver's calls into it
+    give up after CALL_TIMEOUT_S, and once entries have waited for its group with none given to it
+    for run.hang_timeout_s it is restarted: the stopped process is killed, the new one answers."""
+    now = [0.0]
+    lines: list[str] = []
+    supervisor = Supervisor(max_failures=3, say=lines.append, hang_timeout_s=600, clock=lambda: now[0])
+    learner = stand_in("learner", ["wait", "wait"])
+    stopped_pid = ray.get(learner.head.pid.remote())
+    os.kill(stopped_pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        assert learner.call("drain_metrics", default=[]) == []
+        assert time.monotonic() - started < CALL_TIMEOUT_S + 5
+        supervisor.check_heartbeat(learner, _group(lag=5, last_delivered_id="17-0"))  # first seen at 0
+        for at, group in ((300.0, _group(0, "17-0")), (400.0, _group(5, "17-0"))):
+            now[0] = at  # nothing waiting at 300 s: not hung; the count starts again there
+            supervisor.check_heartbeat(learner, group)
+        now[0] = 800.0  # entries have waited since 300 s, but not yet 600 s
+        supervisor.check_heartbeat(learner, _group(5, "17-0"))
+        assert supervisor.restarts == 0
+        now[0] = 900.0
+        supervisor.check_heartbeat(learner, _group(5, "17-0"))
+        assert supervisor.restarts == 1
+        assert "hung: no stream entry read for 600 s while 5 waited (run.hang_timeout_s)" in lines[0], lines
+        assert ray.get(learner.head.pid.remote()) != stopped_pid
+        assert learner.call("drain_metrics") == [{"learner_step": 1}]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stopped_pid, signal.SIGCONT)
+    now[0] = 5000.0  # reading again: entries given to its group keep it alive however long it runs
+    supervisor.check_heartbeat(learner, _group(5, "18-0"))
+    now[0] = 9000.0
+    supervisor.check_heartbeat(learner, _group(5, "19-0"))
+    assert supervisor.restarts == 1
+    learner.kill()

@@ -213,3 +213,28 @@ def test_the_driver_names_the_groups_it_does_not_read(redis_client):
     assert [group["name"] for group in redis_client.xinfo_groups(config.stream_key())] == [b"learner"]
     redis_client.xgroup_create(config.stream_key(), "library", id="0")
     assert create_stream_groups(redis_client, config) == ["library"]
+
+
+def test_a_sigterm_after_joining_ray_starts_the_graceful_stop(tmp_path):
+    """The driver's SIGTERM (a pod's preStop hook, KubeRay's StopJob through Ray's job supervisor)
+    must raise KeyboardInterrupt, the graceful stop. ray.init() installs its own SIGTERM handler
+    over the one `slea train` set before: before the driver put its own back, the SIGTERM exited
+    the process at once (SystemExit here; in a Ray job's driver an abort, exit 134), and the
+    deployment test found no checkpoint after the head pod's deletion."""
+    import os
+    import signal
+
+    import ray
+
+    from driver.train import _join_ray
+    from slea.services import sigterm_as_interrupt
+
+    config = load_config(None, [f"run.dir={tmp_path}", "ray.num_cpus=1", "monitoring.metrics_port=null"])
+    console = RunConsole(Console(file=io.StringIO(), force_terminal=False))
+    try:
+        with sigterm_as_interrupt(), pytest.raises(KeyboardInterrupt):
+            _join_ray(config, console)
+            os.kill(os.getpid(), signal.SIGTERM)
+            threading.Event().wait(5)
+    finally:
+        ray.shutdown()

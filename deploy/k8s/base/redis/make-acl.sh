@@ -3,7 +3,11 @@
 # password file from the mounted Secret slea-redis, so no password is ever on a command line, in
 # an environment variable or in a manifest; the ACL file holds SHA-256 hashes only.
 #   sh make-acl.sh SECRET_DIR OUT_DIR TEMPLATE
-# Users (users.acl.template): `default` off; `slea`, the system, limited to the run's keys
+# Users (users.acl.template; an ACL file holds no comments, so they are here): `default` off, so
+# no connection is ever it, but with every permission, because Redis replays an AOF's EXEC as the
+# default user and checks its permissions again (redis/redis#14541, valkey-io/valkey#3983): without
+# them every MULTI/EXEC in the AOF is dropped on restart (tests/deploy/test_redis_acl.py);
+# `slea`, the system, limited to the run's keys
 # (slea:cluster*: the run ids the RayJob takes from its pods' slea.io/run label, `cluster` as shipped)
 # and the commands it sends; `exporter`
 # (prometheus-redis-exporter) limited to INFO and friends, no keys.
