@@ -356,8 +356,8 @@ class Node:
     # --- what a container sees -----------------------------------------------------------------
     def _argv(self, pod: Pod, spec: dict, command: list[str] | None = None, info_fd: int | None = None) -> list[str]:
         """`ip netns exec` + bwrap (mounts, made as root) + setpriv (the pod's user) + the command."""
-        image = self.images[re.split(r"[@:]", spec["image"])[0]]
-        security = {**pod.manifest["spec"].get("securityContext", {}), **spec.get("securityContext", {})}
+        image = self._image(spec)
+        security = _security(pod, spec)
         image_mounts, read_only_later, over_volumes = image.mounts(
             [mount["mountPath"] for mount in spec.get("volumeMounts", [])]
         )
@@ -378,7 +378,7 @@ class Node:
         if security.get("readOnlyRootFilesystem"):
             for directory in [*read_only_later, "/"]:
                 mounts += ["--remount-ro", directory]
-        env = {**image.env, **self._env(pod, spec)}
+        env = self._environment(pod, spec)
         sandbox = [
             "ip",
             "netns",
@@ -406,8 +406,7 @@ class Node:
     def _exec_argv(self, pod: Pod, container: Container, command: list[str]) -> list[str]:
         """A command in the running container, as the runtime's exec (hooks, `kubectl exec`) runs it:
         in its namespaces (it sees the container's processes), its root, its user and its env."""
-        image = self.images[re.split(r"[@:]", container.spec["image"])[0]]
-        env = {**image.env, **self._env(pod, container.spec)}
+        env = self._environment(pod, container.spec)
         # --root and --wd without a path: PID 1's root and working directory (a path given here
         # would be opened on this machine, before nsenter enters the container's mounts)
         enter = ["nsenter", f"--target={container.pid}", "--mount", "--uts", "--ipc", "--net", "--pid"]
@@ -424,8 +423,8 @@ class Node:
 
     def _user(self, pod: Pod, spec: dict) -> list[str]:
         """setpriv to the container's user, groups, capabilities and no_new_privs."""
-        image = self.images[re.split(r"[@:]", spec["image"])[0]]
-        security = {**pod.manifest["spec"].get("securityContext", {}), **spec.get("securityContext", {})}
+        image = self._image(spec)
+        security = _security(pod, spec)
         uid = security.get("runAsUser", image.uid)
         gid = security.get("runAsGroup", image.gid)
         groups = sorted({gid, *([security["fsGroup"]] if "fsGroup" in security else [])})
@@ -444,6 +443,13 @@ class Node:
             *no_new_privs,
             "--",
         ]
+
+    def _image(self, spec: dict) -> ImageLayout:
+        return self.images[re.split(r"[@:]", spec["image"])[0]]
+
+    def _environment(self, pod: Pod, spec: dict) -> dict[str, str]:
+        """What the container's processes see: the image's ENV, then the manifest's."""
+        return {**self._image(spec).env, **self._env(pod, spec)}
 
     def _env(self, pod: Pod, spec: dict) -> dict[str, str]:
         env: dict[str, str] = {}
@@ -551,6 +557,11 @@ class Node:
                     hosts.seek(0)
                     hosts.truncate()
                     hosts.write("\n".join(lines) + "\n")
+
+
+def _security(pod: Pod, spec: dict) -> dict:
+    """The container's securityContext over the pod's."""
+    return {**pod.manifest["spec"].get("securityContext", {}), **spec.get("securityContext", {})}
 
 
 def _own(path: Path, group: int | None, mode: int) -> None:
