@@ -154,8 +154,11 @@ def test_a_deleted_pod_stops_the_run_before_ray_start_hears_the_sigterm(rendered
     must run before it (driver/pod_stop.py; the deployment test shows the checkpoint it writes).
     KubeRay's StopJob on a RayJob's deletion lets Ray's job supervisor wait
     RAY_JOB_STOP_WAIT_TIME_S after its SIGTERM to the driver (3 s when unset) before SIGKILL."""
+    from driver.cli import build_parser
+
     (cluster,) = ray_cluster_specs([find(rendered[overlay], "RayJob")]).values()
     needed = _stop_waits()
+    assert build_parser().parse_args(["pod-stop"]).timeout_s >= needed["head"], "the hook gives up before the stop ends"
     for name, group in ray_pod_groups(cluster).items():
         for container in group["template"]["spec"]["containers"]:
             hook = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
