@@ -215,7 +215,7 @@ def test_the_driver_names_the_groups_it_does_not_read(redis_client):
     assert create_stream_groups(redis_client, config) == ["library"]
 
 
-def test_a_sigterm_after_joining_ray_starts_the_graceful_stop(tmp_path):
+def test_a_sigterm_after_joining_ray_starts_the_graceful_stop(tmp_path, monkeypatch):
     """The driver's SIGTERM (a pod's preStop hook, KubeRay's StopJob through Ray's job supervisor)
     must raise KeyboardInterrupt, the graceful stop. ray.init() installs its own SIGTERM handler
     over the one `slea train` set before: before the driver put its own back, the SIGTERM exited
@@ -227,7 +227,13 @@ def test_a_sigterm_after_joining_ray_starts_the_graceful_stop(tmp_path):
     import ray
 
     from driver.train import _join_ray
+    from monitoring import ray_metrics
     from slea.services import sigterm_as_interrupt
+
+    # _join_ray chooses Ray's metrics for this process; undone after the test, or every later test in
+    # this pytest worker would find its metrics sent to a Ray that is gone (prometheus_client's REGISTRY empty)
+    monkeypatch.setattr(ray_metrics, "_chosen", False)
+    monkeypatch.setattr(ray_metrics, "_worker_mode", None)
 
     config = load_config(None, [f"run.dir={tmp_path}", "ray.num_cpus=1", "monitoring.metrics_port=null"])
     console = RunConsole(Console(file=io.StringIO(), force_terminal=False))
