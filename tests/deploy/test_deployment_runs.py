@@ -4,13 +4,15 @@ kuberay_pods.py, pod_sandbox.py, image_layout.py), with the Secrets made as depl
 
 One run goes through what a deployment meets, in one test (each stage needs the one before, and
 a Ray cluster takes a minute to start on 2 cores): Redis killed and restarted by the kubelet, the
-head pod deleted (preStop hook, SIGTERM), an attempt lost whole (SIGKILL) and retried, the
-RayService serving the library, and the last attempt training to the end.
+head pod deleted (preStop hook, SIGTERM, its process tree gone) and the run retried, the
+RayService serving the library, and the retry training to the end. An attempt lost whole without
+a graceful stop (SIGKILL of every pod) is tests/test_cluster_resume.py's, on a plain Ray cluster:
+a third attempt here cost CI some 200 s for the same resume path.
 
 Sizes are the overlay's where they fit this machine (2 cores): one actor pod, short episodes
 (SETTINGS, appended to the entrypoint after the overlay's own). Checkpoints and snapshots only
 at a stop or the end (checkpoint_every, snapshot_every), so that one on the claim after the
-head's deletion can only be the graceful stop's, and the lost attempt's updates are lost.
+head's deletion can only be the graceful stop's.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ pytestmark = pytest.mark.whole_run  # slow too (tests/conftest.py)
 
 RUN = "cluster-deploy"  # a new run is a new slea.io/run label (deploy/README.md), under the ACL's slea:cluster*
 GROUP_SIZE = 2
-MAX_STEPS = 7
+MAX_STEPS = 6  # the first attempt is stopped at its second or third step; the retry trains the rest
 SETTINGS = [  # appended to the overlay's entrypoint: this machine's sizes
     "actors.num_workers=1",
     "actors.envs_per_worker=2",
@@ -117,7 +119,7 @@ def _start(deployment: Deployment, rayjob: dict, run_dir: Path) -> tuple[Attempt
     return attempt, pods
 
 
-@pytest.mark.timeout(1800)  # about 13 minutes on 2 cores: three attempts of a Ray cluster and a RayService
+@pytest.mark.timeout(1800)  # about 8 minutes on 2 cores: two attempts of a Ray cluster and a RayService
 def test_the_deployment_trains_through_what_a_cluster_does_to_it(tmp_path):
     """1. The RayJob's entrypoint starts `slea train` for the run its pods are labelled for, every Ray
     pod's readiness probe goes green. On the entrypoint before issue 35 the submitter's bash
@@ -127,12 +129,11 @@ def test_the_deployment_trains_through_what_a_cluster_does_to_it(tmp_path):
     3. The head pod deleted: its preStop hook (`slea pod-stop`) stops the driver gracefully, and a
     checkpoint and a library snapshot are on the claim. Before, `ray start` (PID 1) killed the
     driver within 30 s of the SIGTERM, and nothing was written.
-    4. A retry resumes the same run, and an attempt lost whole (SIGKILL) after a trained step is
-    retried: the next attempt resumes from the checkpoint and trains the lost updates again.
-    5. The RayService, from its rendered serveConfigV2 deployed with the cluster's token, answers
+    4. The RayService, from its rendered serveConfigV2 deployed with the cluster's token, answers
     retrieval for the run the RayJob trains (its replica follows the current run in Redis as the
     ACL user the manifests give it).
-    6. The last attempt trains to learner.max_steps: the job SUCCEEDED, and the stream audit
+    5. The retry (a new head and workers, the same labels and claim) resumes the same run from the
+    checkpoint and trains to learner.max_steps: the job SUCCEEDED, and the stream audit
     (tests/helpers.py) is clean across every disruption."""
     if reason := can_make_pod_networks():
         pytest.fail(reason) if under_ci() else pytest.skip(reason)
@@ -189,20 +190,21 @@ def test_the_deployment_trains_through_what_a_cluster_does_to_it(tmp_path):
         assert checkpoint is not None, f"no checkpoint after the head's deletion: {report}"
         assert checkpoint["version"] == _trained(run_dir)[-1]["policy_version"], (checkpoint, _trained(run_dir)[-1])
         assert latest_snapshot(run_dir) is not None, f"no library snapshot after the head's deletion: {report}"
+        trained = len(_trained(run_dir))
         mark(f"head deleted: {report['ray-head']}")
         deployment.lose_attempt(first)  # KubeRay deletes the rest of the RayCluster before the retry
 
-        # 4. The retry resumes the run; that attempt is lost whole after a trained step.
-        trained = len(_trained(run_dir))
-        second, pods = _start(deployment, rayjob, run_dir)
-        _wait("a step trained in the second attempt", lambda: len(_trained(run_dir)) > trained, 600, deployment, pods)
-        mark("second attempt resumed and trained")
-        deployment.lose_attempt(second)
-
-        # 5. The RayService serves the library of the run the RayJob trains.
+        # 4. The RayService, up before the retry: it follows whichever run is current in Redis.
         service = deployment.start_rayservice()
         mark("RayService ready")
-        third, pods = _start(deployment, rayjob, run_dir)
+
+        # 5. The retry resumes the run from the graceful stop's checkpoint; the RayService serves its
+        # library while it trains; it trains to the end, and the stream adds up.
+        second, pods = _start(deployment, rayjob, run_dir)
+        _wait("a step trained in the retry", lambda: len(_trained(run_dir)) > trained, 600, deployment, pods)
+        resumed = _trained(run_dir)[trained]
+        assert resumed["policy_version"] == checkpoint["version"] + 1, (checkpoint, resumed)
+        mark("the retry resumed from the checkpoint and trained")
         serve = deployment.node.pods[service.workers["library"][0]].ip
         health = json.loads(NO_PROXY.open(f"http://{serve}:8000/healthz", timeout=30).read())
         assert health["run"] == RUN and health["library_version"] is not None, health
@@ -216,20 +218,18 @@ def test_the_deployment_trains_through_what_a_cluster_does_to_it(tmp_path):
         assert "experiences" in answer and answer["library_version"] is not None, answer
         mark(f"RayService answered for run {health['run']} at library version {health['library_version']}")
 
-        # 6. The last attempt trains to the end; the stream adds up.
         _wait(
             "the job succeeded",
-            lambda: _job_status(deployment, third.head, third.job_id) == "SUCCEEDED",
+            lambda: _job_status(deployment, second.head, second.job_id) == "SUCCEEDED",
             900,
             deployment,
             pods,
         )
-        mark("third attempt trained to the end")
+        mark("the retry trained to the end")
         assert _checkpoint(run_dir)["learner_step"] == MAX_STEPS
         assert (run_dir / "metrics.jsonl").exists()
         records = {entry_id.decode(): decode(fields[PAYLOAD_FIELD]) for entry_id, fields in client.xrange(stream)}
-        audit = audit_the_stream(records, client, stream, run_dir / "learner", GROUP_SIZE)
-        assert audit.rolled_back, "the lost attempt's updates were not trained again"
+        audit_the_stream(records, client, stream, run_dir / "learner", GROUP_SIZE)
     finally:
         print("\n".join(timings))
         if client is not None:
