@@ -23,6 +23,10 @@ from slea.streams import StreamProducer
 log = logging.getLogger(__name__)
 ASK_TIMEOUT_S = 0.5  # longest a call waits for workers' answers; the rest are picked up by the next call
 RETIRE_TIMEOUT_S = 120.0  # a removed worker that has not stopped after this long is killed
+# Why a worker's run loop started (ActorWorkerProcess.ensure_running); the last two are restarts.
+FIRST_START = "first start"
+PROCESS_RESTARTED = "Ray restarted its process after it died"
+LOOP_RESTARTED = "its run loop had failed"
 
 
 @ray.remote(max_restarts=-1, max_task_retries=0)
@@ -71,14 +75,21 @@ class ActorWorkerProcess:
         self.worker = ActorWorker(cfg, worker_index, connect(cfg.redis, redis_url), engine, retrieval, weights)
         self._run: asyncio.Task | None = None
 
-    async def ensure_running(self) -> bool:
-        """Start the run loop if it is not running; True if it was started now."""
-        if self._run is None or self._run.done():
-            if self._run is not None and self._run.exception() is not None:
+    async def ensure_running(self) -> str | None:
+        """Start the run loop if it is not running; returns why it started now (FIRST_START,
+        PROCESS_RESTARTED: Ray restarted this worker after its process died, LOOP_RESTARTED: the
+        loop had failed), None if it was running."""
+        if self._run is not None and not self._run.done():
+            return None
+        if self._run is None:
+            reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
+            why = PROCESS_RESTARTED if reconstructed else FIRST_START
+        else:
+            why = LOOP_RESTARTED
+            if self._run.exception() is not None:
                 log.error("actor worker loop failed: %r", self._run.exception())
-            self._run = asyncio.get_running_loop().create_task(self.worker.run())
-            return True
-        return False
+        self._run = asyncio.get_running_loop().create_task(self.worker.run())
+        return why
 
     async def stop(self) -> dict:
         """Start no new groups, abandon the ones in flight, release the engine (vLLM's processes
@@ -129,6 +140,8 @@ class ActorPool:
         self._answering: set[int] = set()  # workers whose latest call was answered: placed, up, not restarting
         self._retiring: dict[int, tuple[ray.actor.ActorHandle, ray.ObjectRef, float]] = {}  # handle, stop(), deadline
         self._producer = None  # StreamProducer for the abandon markers of killed workers, made when first needed
+        # (worker index, why) of the loops restarted since supervise() last returned
+        self._restarts: list[tuple[int, str]] = []
         self._abandon_earlier_workers()
 
     def _abandon_earlier_workers(self) -> None:
@@ -218,19 +231,24 @@ class ActorPool:
             index = waiting[ref]
             del self._asking[index, method]
             try:
-                answers.append((index, ray.get(ref)))
+                answer = ray.get(ref)
+                answers.append((index, answer))
                 self._answering.add(index)
+                if method == "ensure_running" and answer not in (None, FIRST_START):
+                    self._restarts.append((index, answer))  # whichever call picked it up, supervise() reports it
             except ray.exceptions.RayActorError as exc:  # restarting right now: asked again next time
                 self._answering.discard(index)
                 log.warning("actor worker %d unavailable: %s", index, exc)
         return answers
 
-    def supervise(self) -> int:
+    def supervise(self) -> list[tuple[int, str]]:
         """(Re)start the run loop of every worker that is not running, finish stopping removed ones;
-        returns how many loops were started."""
-        started = sum(bool(fresh) for _index, fresh in self._ask("ensure_running", ASK_TIMEOUT_S))
+        returns the restarts seen since the last call, (worker index, why), for the driver to count
+        and say (a first start is not one)."""
+        self._ask("ensure_running", ASK_TIMEOUT_S)
         self.reap()
-        return started
+        restarts, self._restarts = self._restarts, []
+        return restarts
 
     def reap(self) -> int:
         """Kill the removed workers that have stopped (or overran RETIRE_TIMEOUT_S); returns how many are left."""

@@ -30,7 +30,9 @@ from rich.live import Live
 
 from driver.progress import Progress, RunConsole, summary_lines
 from driver.retention import retained
-from slea.channels import RAY_NAMESPACE
+from driver.serve_health import ServeHealth
+from monitoring.metrics import metric
+from slea.channels import LIBRARY_APP, RAY_NAMESPACE
 from slea.config import ConfigError, SleaConfig, check_trainable
 from slea.gpu_visibility import gpu_options
 from slea.redis_conn import connect, with_reconnect
@@ -201,6 +203,7 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
             console=console,
             evals=evals,
             live=live,
+            serve_health=ServeHealth(LIBRARY_APP, console.note) if library is not None else None,
         )
         stop_at = None if config.run.max_seconds is None else time.monotonic() + config.run.max_seconds
         time_is_up = False
@@ -322,8 +325,10 @@ class Watch:
         console: RunConsole,
         evals=None,
         live: Live | None = None,
+        serve_health: ServeHealth | None = None,
     ):
         self.config, self.client, self.pool, self.sizer = config, client, pool, sizer
+        self.serve_health = serve_health  # the library's Serve replicas, when the run has a library
         self.stream = config.stream_key()
         self.trimmed_groups = list(stream_groups(config))
         self.drain_learner, self.library_stats = drain_learner, library_stats
@@ -341,7 +346,13 @@ class Watch:
 
     def step(self) -> list[dict]:
         """One poll; returns the learner steps it drained."""
-        self.pool.supervise()
+        for index, why in self.pool.supervise():  # Ray restarts a dead worker; the driver counts it and says so
+            metric("run_component_restarts_total").labels(component="actor_worker").inc()
+            self.console.note(
+                f"[yellow]actor worker {index} restarted[/] ({why}): its episodes in flight are marked abandoned"
+            )
+        if self.serve_health is not None:
+            self.serve_health.poll()
         self.groups = with_reconnect(self._groups_and_trim, max_wait_s=self.config.redis.reconnect_max_s)
         lags = {name: group.lag for name, group in self.groups.items()}
         self.stats = self.library_stats()

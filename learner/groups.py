@@ -79,6 +79,11 @@ class GroupAssembler:
         return set(self._open)
 
     @property
+    def held_entry_ids(self) -> set[str]:
+        """The stream entries of every group buffered (none of them acknowledged yet)."""
+        return {entry_id for group in self._open.values() for entry_id in group.entry_ids}
+
+    @property
     def groups_dropped(self) -> int:
         """Groups dropped so far, whatever the reason."""
         return sum(self.counters.groups_dropped.values())

@@ -119,12 +119,20 @@ class Learner:
             self.admission.trained(self.groups_trained, self.version)
         self._idle_since = time.monotonic()  # end of the latest step (or of start-up): wait_seconds counts from here
         self._lost_checked = self._idle_since  # when lost admission slots were last looked for
+        # When to look for forgotten pending entries next (StreamConsumer.reclaim_forgotten): not before
+        # read() has re-read this consumer's pending entries, or those would be handed over twice.
+        self._next_reclaim = time.monotonic() + cfg.redis.claim_idle_ms / 2000
 
     def poll(self, block_ms: int | None = None) -> None:
         """Read one batch of deliveries into the assembler; acknowledge what is dropped."""
         block = self.cfg.redis.block_ms if block_ms is None else block_ms
         deliveries = self.consumer.read(count=self.cfg.redis.read_count, block_ms=block)
-        self._ack_dropped(self.assembler.add(deliveries) + self.assembler.expire())
+        if time.monotonic() >= self._next_reclaim:  # entries pending again after a Redis crash undid their XACK
+            self._next_reclaim = time.monotonic() + self.cfg.redis.claim_idle_ms / 2000
+            deliveries += self.consumer.reclaim_forgotten(self.assembler.held_entry_ids | set(self.unacked))
+        unacked = set(self.unacked)  # a trained group's entries wait for the checkpoint that holds their update
+        late = [entry_id for entry_id in self.assembler.add(deliveries) if entry_id not in unacked]
+        self._ack_dropped(late + self.assembler.expire())
 
     def _ack_dropped(self, entry_ids: list[str]) -> None:
         """Count the groups dropped since the last call in the admission hash, then acknowledge."""

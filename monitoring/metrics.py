@@ -203,11 +203,12 @@ CATALOGUE: dict[str, MetricSpec] = {
             "Autoscale decisions about the actor pool, by kind (grow, shrink, hold).",
             ("kind",),
         ),
-        # run supervision (driver/supervision.py: the driver exports this)
+        # run supervision (driver/supervision.py, driver/train.py, driver/serve_health.py: the driver exports this)
         MetricSpec(
             "run_component_restarts_total",
             "counter",
-            "Restarts of a dead learner or library writer by the driver (run.max_failures bounds them).",
+            "Restarts by component: a dead or hung learner or library writer restarted by the driver (run.max_failures "
+            "bounds them), an actor worker Ray restarted, a library Serve replica Serve replaced.",
             ("component",),
         ),
         # experience library (library/)

@@ -213,6 +213,34 @@ class StreamConsumer:
         self._claimed.inc(len(entries))
         return self._decode_entries(entries)
 
+    def reclaim_forgotten(self, held: set[str], count: int = 10_000) -> list[Delivery]:
+        """This consumer's own pending entries, idle longer than claim_idle_ms, that its caller does
+        not hold (`held`: the entry ids it keeps in memory, unacknowledged on purpose), handed to it
+        again. A Redis that crashes and loses the last second of its AOF (`appendfsync everysec`)
+        undoes the XACKs of that second: those entries are pending again under this consumer, which
+        has forgotten them, and read() does not re-read them when the connection came back without
+        an error (redis-py reconnects by itself). Nobody else would ever take them (claim_idle skips
+        its own), and the oldest of them holds trimming back for good."""
+        stale = self._retry(
+            lambda: self.client.xpending_range(
+                self.stream,
+                self.group,
+                min="-",
+                max="+",
+                count=count,
+                consumername=self.consumer,
+                idle=self.claim_idle_ms,
+            )
+        )
+        forgotten = [entry["message_id"].decode() for entry in stale if entry["message_id"].decode() not in held]
+        if not forgotten:
+            return []
+        entries = self._retry(
+            lambda: self.client.xclaim(self.stream, self.group, self.consumer, self.claim_idle_ms, forgotten)
+        )
+        self._claimed.inc(len(entries))
+        return self._decode_entries(entries)
+
     def _decode_entries(self, entries) -> list[Delivery]:
         deliveries = []
         for raw_id, fields in entries:

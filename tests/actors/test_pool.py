@@ -9,7 +9,7 @@ import ray
 import redis
 from helpers import forward_logprobs
 
-from actors.pool import ActorPool
+from actors.pool import PROCESS_RESTARTED, ActorPool
 from learner.weights import RayWeightPublisher
 from slea.admission_counts import TRAINED, VERSION, admission_key, read_counts
 from slea.channels import RAY_NAMESPACE, sync_claims_key
@@ -179,11 +179,15 @@ def test_killed_worker_leaves_no_half_episode_and_the_pool_refills(ray_cluster, 
     ray.kill(worker, no_restart=False)  # the process dies mid-episode; Ray restarts the actor
     assert len(pool.summaries()) == 1  # restarting or restarted: the driver's display loop goes on
 
+    restarts = []
+
     def marked_while_supervised() -> bool:  # the driver supervises every poll: the restarted worker's
-        pool.supervise()  # loop starts again and first marks its predecessor's half episodes abandoned
+        restarts.extend(pool.supervise())  # loop starts again and first marks its predecessor's half episodes abandoned
         return any(r.abandoned for r in stream_records(client, config))
 
     wait_for(marked_while_supervised, "the restarted worker's abandon markers", timeout_s=120, interval_s=1)
+    restarts.extend(pool.supervise())  # the answer is in once the markers are: the loop wrote them
+    assert restarts == [(0, PROCESS_RESTARTED)]  # reported once, for the driver's log line and restart counter
     killed_at = len(stream_records(client, config))
     wait_for(
         lambda: sum(r.done and not r.abandoned for r in stream_records(client, config)[killed_at:]) >= 4,
@@ -248,7 +252,7 @@ def test_a_worker_waiting_for_resources_holds_nothing_up(ray_cluster, redis_url,
     pool = ActorPool(config, redis_url)
     started = time.monotonic()
     pool.scale(1)
-    assert pool.supervise() == 0 and pool.summaries() == [] and pool.alive == 0
+    assert pool.supervise() == [] and pool.summaries() == [] and pool.alive == 0
     pool.scale(0)  # never placed: killed at once, nothing to abandon
     assert pool.workers == {} and pool.reap() == 0 and pool.stop() == []
     assert time.monotonic() - started < 10

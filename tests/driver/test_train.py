@@ -53,13 +53,14 @@ def test_a_line_sums_the_workers_busy_and_throttled_seconds_and_their_tokens_by_
 class FakePool:
     """The ActorPool's side the driver's poll uses: supervision and the workers' summaries."""
 
-    def __init__(self, summaries: list[dict]):
+    def __init__(self, summaries: list[dict], restarts: list[list[tuple[int, str]]] = ()):
         self.supervised = 0
         self._summaries = summaries
+        self._restarts = list(restarts)  # what each supervise() reports, then nothing
 
-    def supervise(self) -> int:
+    def supervise(self) -> list[tuple[int, str]]:
         self.supervised += 1
-        return 0
+        return self._restarts.pop(0) if self._restarts else []
 
     def summaries(self) -> list[dict]:
         return self._summaries
@@ -148,6 +149,40 @@ def test_one_poll_records_every_drained_learner_step_and_trims_what_both_groups_
 
     assert watch.step() == [] and pool.supervised == 2  # a poll with no learner step records nothing
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2 and watch.stats["version"] == 7
+    recorder.close()
+
+
+def test_a_worker_ray_restarted_is_said_and_counted_once(tmp_path, redis_client):
+    """The pool reports a worker whose process Ray restarted (actors/pool.py); the driver's poll puts
+    it in the run's log and in slea_run_component_restarts_total{component="actor_worker"}."""
+    from prometheus_client import REGISTRY
+
+    from actors.pool import PROCESS_RESTARTED
+
+    def restarts() -> float:
+        return REGISTRY.get_sample_value("slea_run_component_restarts_total", {"component": "actor_worker"}) or 0.0
+
+    config = load_config(None, ["run.id=worker-restart", "monitoring.plots=false"])
+    for group in STREAM_GROUPS:
+        ensure_group(redis_client, config.stream_key(), group)
+    output = io.StringIO()
+    recorder = RunRecorder(tmp_path, plots=False)
+    watch = Watch(
+        config,
+        redis_client,
+        FakePool([], restarts=[[(1, PROCESS_RESTARTED)]]),
+        FakeSizer(),
+        drain_learner=list,
+        library_stats=lambda: None,
+        progress=Progress(config),
+        recorder=recorder,
+        console=RunConsole(Console(file=output, force_terminal=False, width=200)),
+    )
+    before = restarts()
+    watch.step()
+    watch.step()
+    assert restarts() - before == 1
+    assert output.getvalue().count("actor worker 1 restarted (Ray restarted its process after it died)") == 1
     recorder.close()
 
 

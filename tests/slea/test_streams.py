@@ -142,6 +142,30 @@ def test_a_consumer_does_not_reclaim_entries_it_holds(redis_client):
     holder.ack([d.entry_id for d in held])
 
 
+def test_entries_pending_again_after_a_lost_xack_are_handed_over_again(redis_client):
+    """A Redis crash that loses its AOF's last second undoes the XACKs of that second: the entries are
+    pending again under the consumer that acked them, which no longer holds them. reclaim_forgotten
+    hands over exactly those (idle past claim_idle_ms, not held, its own), and nothing else."""
+    learner = consumer(redis_client, "learner", "l0", claim_idle_ms=20)
+    other = consumer(redis_client, "learner", "l1", claim_idle_ms=20)
+    StreamProducer(redis_client, STREAM).send(make_records(6))
+    delivered = learner.read(count=4, block_ms=10)  # 4 pending under l0
+    others = other.read(count=2, block_ms=10)  # 2 pending under l1
+    held = {delivered[0].entry_id}  # l0 still holds the first in memory; the other 3 were "acked"
+    assert learner.reclaim_forgotten(held) == []  # not idle for claim_idle_ms yet
+    time.sleep(0.05)
+    again = learner.reclaim_forgotten(held)
+    assert [d.entry_id for d in again] == [d.entry_id for d in delivered[1:]]
+    assert [d.record for d in again] == [d.record for d in delivered[1:]]
+    pending = redis_client.xpending_range(STREAM, "learner", "-", "+", 10)
+    assert {(p["message_id"].decode(), p["consumer"].decode()) for p in pending} == {
+        *((d.entry_id, "l0") for d in delivered),
+        *((d.entry_id, "l1") for d in others),  # another consumer's entries are claim_idle's business
+    }
+    learner.ack([d.entry_id for d in delivered])
+    assert learner.reclaim_forgotten(set()) == []
+
+
 def test_dead_letter_keeps_the_payload(redis_client):
     reader = consumer(redis_client, "learner", "l0")
     redis_client.xadd(STREAM, {PAYLOAD_FIELD: b"\x93\x01\x02\x03"})
