@@ -17,11 +17,18 @@
 # The first study (issue 21; 4 arms, 2-3 seeds, tw-simple on its panel) is kept in docs/learning/runs/
 # with the config each run resolved; its command was CONFIG=<that config> KEPT_ROOT=docs/learning/runs
 # ARMS="slea:0 grpo:0 slea:1 grpo:1 task_retrieval:0 slea+edge:0 slea:2 grpo:2 task_retrieval:1 slea+edge:1".
+# The study runs the code of the checkout this script is in, whichever venv runs it: a study spans
+# sessions, so it can run from a git worktree pinned at one commit
+#   git worktree add ../study <commit>
+#   VENV=$PWD/.venv KEPT_ROOT=$PWD/docs/learning/slea-vs-grpo bash ../study/scripts/learning_comparison.sh
+# while work goes on here (each kept run records the commit and the CPU it ran on).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONPATH="${PWD}${PYTHONPATH:+:${PYTHONPATH}}"
+venv=${VENV:-.venv}
 config=${CONFIG:-configs/textworld-study.yaml}
 arms=${ARMS:-"slea:0 grpo:0 slea:1 grpo:1 slea:2 grpo:2 slea:3 grpo:3 slea:4 grpo:4 slea:5 grpo:5 slea:6 grpo:6 slea:7 grpo:7"}
-kept_root=${KEPT_ROOT:-docs/learning/slea-vs-grpo}
+kept_root=$(realpath -m "${KEPT_ROOT:-docs/learning/slea-vs-grpo}")
 baseline=true
 if [ -n "$(ls -A "${kept_root}" 2>/dev/null)" ]; then
   baseline=false  # a kept run already holds the base model's evaluation
@@ -42,15 +49,17 @@ for arm in ${arms}; do
   fi
   rm -rf "runs/${id}"
   started=$(date +%s)
-  .venv/bin/slea train "${config}" --set "run.id=${id}" --set "run.seed=${seed}" --set "run.preset=${preset}" \
+  "${venv}/bin/slea" train "${config}" --set "run.id=${id}" --set "run.seed=${seed}" --set "run.preset=${preset}" \
     --set "run.edge=${edge}" --set "eval.before_training=${baseline}"
-  echo "learning_comparison: ${id} took $(( $(date +%s) - started )) s on $(nproc) cores" | tee "runs/${id}/comparison-done"
+  cpu="$(lscpu | sed -n 's/^Model name: *//p'), $(grep -o -m1 -E 'amx_bf16|avx512_bf16' /proc/cpuinfo || echo 'no native bf16')"
+  echo "learning_comparison: ${id} took $(( $(date +%s) - started )) s on $(nproc) cores (${cpu}) at commit $(git rev-parse --short HEAD)" \
+    | tee "runs/${id}/comparison-done"
   mkdir -p "${kept_root}/${id}"
   cp "runs/${id}/config.yaml" "runs/${id}/comparison-done" "${kept_root}/${id}/"
   grep -E '"(eval|library|learner)/' "runs/${id}/metrics.jsonl" > "${kept_root}/${id}/metrics.jsonl"
-  (cd "runs/${id}" && find eval -name library.md -exec cp --parents {} "../../${kept_root}/${id}/" \;)
-  .venv/bin/python -c "import sys; from pathlib import Path; from driver.study import keep_episodes; \
+  (cd "runs/${id}" && find eval -name library.md -exec cp --parents {} "${kept_root}/${id}/" \;)
+  "${venv}/bin/python" -c "import sys; from pathlib import Path; from driver.study import keep_episodes; \
 keep_episodes(Path(sys.argv[1]), Path(sys.argv[2]))" "runs/${id}" "${kept_root}/${id}"
   baseline=false
 done
-.venv/bin/slea compare "${kept_root}"/*/ --by-preset --out-dir "${kept_root}" | tee "${kept_root}/study.md"
+"${venv}/bin/slea" compare "${kept_root}"/*/ --by-preset --out-dir "${kept_root}" | tee "${kept_root}/study.md"
