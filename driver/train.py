@@ -399,6 +399,7 @@ def _start_learner(config: SleaConfig, run_dir):
     """The learner's ranks, supervised: a new set resumes from the latest checkpoint and re-reads
     the stream entries pending for it. The driver talks to rank 0; the other ranks follow it."""
     from driver.supervision import Supervised, checkpoint_text
+    from learner.memory import LearnerMemoryError
     from learner.process import start_learner
 
     def start():
@@ -411,7 +412,12 @@ def _start_learner(config: SleaConfig, run_dir):
         return ranks, [rank.run.remote() for rank in ranks]
 
     learner = Supervised("learner", start, lambda: checkpoint_text(run_dir / "learner"), group="learner")
-    learner.launch()
+    try:
+        learner.launch()
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, LearnerMemoryError):  # a setting that cannot fit: retrying cannot help
+            raise ConfigError(str(exc.cause)) from None
+        raise
     return learner
 
 

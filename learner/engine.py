@@ -39,6 +39,7 @@ import torch.distributed as dist
 from learner.batch import MicroBatch, TrainSample, collate, plan_micro_batches, ppo_schedule, response_logits
 from learner.device import training_device
 from learner.edge import distill_advantages, distill_log_ratio
+from learner.memory import count_for, device_budget, refuse_unless_it_fits
 from learner.loss import gather_logprobs, ppo_loss, token_entropy
 from learner.precision import compute_context, deepspeed_autocast_section, use_float_head
 from learner.weights import cpu_copy
@@ -171,7 +172,13 @@ class PolicyTrainer:
     """A causal LM inside a DeepSpeed engine, plus the frozen reference for the KL term."""
 
     def __init__(
-        self, model: torch.nn.Module, cfg: LearnerConfig, pad_id: int, temperature: float = 1.0, seed: int = 0
+        self,
+        model: torch.nn.Module,
+        cfg: LearnerConfig,
+        pad_id: int,
+        temperature: float = 1.0,
+        seed: int = 0,
+        longest_row: int = 0,  # model.max_prompt_tokens + model.max_new_tokens: the memory count's micro-batch
     ):
         self.cfg = cfg
         self.pad_id = pad_id
@@ -186,10 +193,22 @@ class PolicyTrainer:
                 "the learner steps float32 master weights: load the policy in float32 "
                 f"(learner.compute_dtype={cfg.compute_dtype} sets the compute dtype)"
             )
+        # Counted before anything lands on the device: a setting that cannot fit stops here, naming the
+        # term that overflows, not minutes later with an out-of-memory error mid-step.
+        self.memory = count_for(
+            model, cfg, world_size=self.world_size, compute_dtype=str(self.compute_dtype).removeprefix("torch."),
+            longest_row=longest_row,
+        )  # fmt: skip
+        refuse_unless_it_fits(self.memory, device_budget(self.device, cfg.num_gpus), str(self.device))
         model.config.use_cache = False
         use_float_head(model)
-        # The reference is the policy as loaded: frozen, never stepped, inference only, computed as the policy is.
-        self.reference = _frozen_copy(model, self.device) if cfg.kl_coef > 0 else None
+        if cfg.activation_checkpointing:
+            # Non-reentrant: the recomputation sees the autocast state and the RNG of the first pass.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # The reference is the policy as loaded: frozen, never stepped, inference only, computed as the
+        # policy is; its weights in learner.reference_dtype (auto: the compute dtype).
+        reference_dtype = self.compute_dtype if cfg.reference_dtype == "auto" else getattr(torch, cfg.reference_dtype)
+        self.reference = _frozen_copy(model, self.device, reference_dtype) if cfg.kl_coef > 0 else None
         # Fused AdamW: one kernel over all parameters, on the CPU too (torch's CPU AdamW is otherwise a
         # per-tensor loop). Same update as the unfused one (tests/learner/test_precision.py).
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0, fused=True)
@@ -391,8 +410,8 @@ class PolicyTrainer:
         return cpu_copy(module.state_dict())  # tied weights stay one tensor: sent once (learner/weights.py)
 
 
-def _frozen_copy(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    reference = copy.deepcopy(model).to(device)
+def _frozen_copy(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    reference = copy.deepcopy(model).to(device, dtype)
     reference.eval()
     reference.requires_grad_(False)
     return reference

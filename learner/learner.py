@@ -62,7 +62,12 @@ class Learner:
             model, tokenizer = load_model(cfg.model.name)  # float32: the master weights
         self.tokenizer = tokenizer
         self.trainer = PolicyTrainer(
-            model, cfg.learner, pad_id=tokenizer.pad_token_id, temperature=cfg.model.temperature, seed=cfg.run.seed
+            model,
+            cfg.learner,
+            pad_id=tokenizer.pad_token_id,
+            temperature=cfg.model.temperature,
+            seed=cfg.run.seed,
+            longest_row=cfg.model.max_prompt_tokens + cfg.model.max_new_tokens,
         )
         self.ranks = RankChannel(self.trainer.rank, self.trainer.world_size)
         self.checkpoint_root = Path(cfg.run.dir) / cfg.run.id / "learner" / "checkpoints"

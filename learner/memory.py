@@ -31,6 +31,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import psutil
+import torch
+
+from learner.device import memory_fraction
+
 GIB = 1024**3
 LOGIT_COPIES = 5  # forward: float32 logits, log-softmax, softmax (entropy); backward: the grads of two of them
 
@@ -124,3 +129,52 @@ def learner_memory(
         activations=activations,
         logits=LOGIT_COPIES * 4 * responses * shape.vocab,
     )
+
+
+class LearnerMemoryError(RuntimeError):
+    """The learner's settings cannot fit the memory of its device."""
+
+
+def count_for(model, cfg, *, world_size: int, compute_dtype: str, longest_row: int = 0) -> LearnerMemory:
+    """The count for `model` (a transformers causal LM, built) trained with `cfg` (LearnerConfig).
+
+    A micro-batch holds at most max(micro_batch_tokens, the longest row) padded tokens
+    (learner/batch.py gives a longer row a micro-batch of its own); `longest_row` is
+    model.max_prompt_tokens + model.max_new_tokens where the caller knows them. Every token is
+    counted a response (the bound): a micro-batch's response share is not known before its rows."""
+    params = sum(param.numel() for param in model.parameters())  # parameters() yields a tied weight once
+    compute_bytes = 2 if compute_dtype == "bfloat16" else 4
+    reference = "none" if cfg.kl_coef == 0 else (compute_dtype if cfg.reference_dtype == "auto" else cfg.reference_dtype)
+    return learner_memory(
+        shape_of(model.config, params),
+        zero_stage=cfg.zero_stage,
+        ranks=world_size,
+        compute_bytes=compute_bytes,
+        reference=reference,
+        micro_batch_tokens=max(cfg.micro_batch_tokens, longest_row),
+        checkpointing=cfg.activation_checkpointing,
+    )
+
+
+def device_budget(device, num_gpus: float) -> int:
+    """Bytes the learner may hold on `device` (a torch.device): its share of the GPU (the cap
+    learner/device.py sets), or on the CPU the machine's memory (how much of it the actors,
+    evaluator and library will take is not known at start)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory * (memory_fraction(num_gpus) or 1.0))
+    return psutil.virtual_memory().total
+
+
+def refuse_unless_it_fits(memory: LearnerMemory, budget: int, device: str) -> None:
+    """Raise, naming the term that overflows, when `memory` cannot fit `budget` bytes on `device`.
+
+    The count is a floor (the measured peaks run above it: tests/learner/test_memory.py), so a
+    setting refused here would fail minutes later with an out-of-memory error mid-step."""
+    overflow = memory.overflow(budget)
+    if overflow is not None:
+        raise LearnerMemoryError(
+            f"{overflow} on {device}. Cut it with learner.activation_checkpointing: true, "
+            "learner.reference_dtype: bfloat16 (or learner.kl_coef: 0, no reference), a smaller "
+            "learner.micro_batch_tokens, learner.zero_stage 0 on one rank (no master copy) or ZeRO 1-3 "
+            "over more ranks (learner.num_ranks), or give the learner a larger share (learner.num_gpus)"
+        )

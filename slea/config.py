@@ -309,6 +309,14 @@ class LearnerConfig(_Section):
     kl_coef: float = Field(
         0.01, ge=0, description="KL penalty to the frozen reference policy (low-variance estimator)."
     )
+    reference_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Weights of the frozen KL reference (held only when kl_coef > 0); auto: the compute dtype, so a bf16 learner holds a bf16 reference (half the memory; its matmuls run in bf16 under autocast either way).",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Keep only each decoder layer's input and recompute the layer in backward: far less activation memory for about a third more compute (learner/memory.py counts both ways).",
+    )
     entropy_coef: float = Field(0.001, ge=0, description="Entropy bonus.")
     edge_distill_coef: float = Field(
         0.0,

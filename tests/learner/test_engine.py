@@ -143,6 +143,40 @@ def test_zero3_trains_and_gathers_full_weights():
 
 
 @pytest.mark.slow
+def test_activation_checkpointing_trades_memory_not_the_update():
+    """Recomputing each layer in backward (non-reentrant, float32) gives the update of the plain
+    backward: the setting is a memory/compute trade and nothing else."""
+    updated = []
+    for checkpointing in (False, True):
+        model, tokenizer = tiny_model()
+        cfg = LearnerConfig(lr=1e-3, mini_batches=2, compute_dtype="float32", activation_checkpointing=checkpointing)
+        trainer = PolicyTrainer(model, cfg, tokenizer.pad_token_id)
+        assert trainer.module.is_gradient_checkpointing == checkpointing
+        updated.append((trainer.train_step(samples()), trainer.full_state_dict()))
+    (plain, plain_state), (recomputed, recomputed_state) = updated
+    assert recomputed.loss == pytest.approx(plain.loss, abs=1e-6)
+    assert recomputed.grad_norm == pytest.approx(plain.grad_norm, rel=1e-5)
+    for name, tensor in plain_state.items():
+        torch.testing.assert_close(recomputed_state[name], tensor, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_frozen_reference_holds_its_weights_in_the_reference_dtype():
+    """auto follows the compute dtype; before any update the policy is the reference, so the KL
+    term is exactly 0 against a float32 reference and bf16 rounding against a bf16 one."""
+    kls = {}
+    for reference_dtype, held in (("auto", torch.float32), ("bfloat16", torch.bfloat16)):
+        model, tokenizer = tiny_model()
+        cfg = LearnerConfig(mini_batches=1, compute_dtype="float32", reference_dtype=reference_dtype, kl_coef=0.1)
+        trainer = PolicyTrainer(model, cfg, tokenizer.pad_token_id)
+        assert {param.dtype for param in trainer.reference.parameters()} == {held}
+        assert {param.dtype for param in trainer.module.parameters()} == {torch.float32}  # the masters stay float32
+        kls[reference_dtype] = trainer.train_step(samples()).kl
+    assert kls["auto"] == 0.0
+    assert 0.0 < kls["bfloat16"] < 1e-3, kls
+
+
+@pytest.mark.slow
 def test_log_probs_are_those_of_the_sampling_temperature():
     """Actors sampling at temperature T record log-probs of softmax(logits / T); the trainer must
     score the same distribution, or every ratio (and the behaviour weight) would be off."""
