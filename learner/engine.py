@@ -39,8 +39,8 @@ import torch.distributed as dist
 from learner.batch import MicroBatch, TrainSample, collate, plan_micro_batches, ppo_schedule, response_logits
 from learner.device import training_device
 from learner.edge import distill_advantages, distill_log_ratio
-from learner.memory import count_for, device_budget, refuse_unless_it_fits
 from learner.loss import gather_logprobs, ppo_loss, token_entropy
+from learner.memory import count_for, device_budget, refuse_unless_it_fits
 from learner.precision import compute_context, deepspeed_autocast_section, use_float_head
 from learner.weights import cpu_copy
 from slea.config import LearnerConfig

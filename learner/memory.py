@@ -144,7 +144,9 @@ def count_for(model, cfg, *, world_size: int, compute_dtype: str, longest_row: i
     counted a response (the bound): a micro-batch's response share is not known before its rows."""
     params = sum(param.numel() for param in model.parameters())  # parameters() yields a tied weight once
     compute_bytes = 2 if compute_dtype == "bfloat16" else 4
-    reference = "none" if cfg.kl_coef == 0 else (compute_dtype if cfg.reference_dtype == "auto" else cfg.reference_dtype)
+    reference = (
+        "none" if cfg.kl_coef == 0 else (compute_dtype if cfg.reference_dtype == "auto" else cfg.reference_dtype)
+    )
     return learner_memory(
         shape_of(model.config, params),
         zero_stage=cfg.zero_stage,

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from monitoring.metrics import CATALOGUE, PREFIX
+from monitoring.catalogue import CATALOGUE, PREFIX
 
 GRAFANA_DIR = Path(__file__).resolve().parent / "grafana"
 RATE = "[$__rate_interval]"
@@ -32,7 +32,7 @@ def m(name: str, **matchers: str) -> str:
     """A selector for catalogue metric `name` (a histogram's _bucket/_sum/_count allowed), filtered by run."""
     base = re.sub(r"_(bucket|sum|count)$", "", name)
     if name not in CATALOGUE and base not in CATALOGUE:
-        raise KeyError(f"dashboard uses '{name}', which monitoring/metrics.py does not define")
+        raise KeyError(f"dashboard uses '{name}', which monitoring/catalogue.py does not define")
     labels = ['run=~"$run"'] + [
         f'{key}=~"{value[1:]}"' if value.startswith("~") else f'{key}="{value}"' for key, value in matchers.items()
     ]  # "~a|b" means a regex match

@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from monitoring.metrics import PREFIX, MetricSpec
+from monitoring.catalogue import PREFIX, MetricSpec
 
 _lock = threading.Lock()
 _live: dict[str, _Series] = {}

@@ -25,7 +25,15 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from learner.engine import PolicyTrainer
-from learner.memory import GIB, LearnerMemoryError, ModelShape, count_for, learner_memory, refuse_unless_it_fits, shape_of
+from learner.memory import (
+    GIB,
+    LearnerMemoryError,
+    ModelShape,
+    count_for,
+    learner_memory,
+    refuse_unless_it_fits,
+    shape_of,
+)
 from slea.config import LearnerConfig, load_config
 from slea.models import tiny_model
 
@@ -112,7 +120,9 @@ def test_gpu_yaml_fits_its_share_of_an_80gb_gpu_by_the_count_it_quotes():
 def test_the_longest_row_sets_the_micro_batch_when_it_is_longer():
     model = qwen25_15b_on_meta()
     short = count_for(model, LearnerConfig(micro_batch_tokens=1000), world_size=1, compute_dtype="float32")
-    long = count_for(model, LearnerConfig(micro_batch_tokens=1000), world_size=1, compute_dtype="float32", longest_row=3000)
+    long = count_for(
+        model, LearnerConfig(micro_batch_tokens=1000), world_size=1, compute_dtype="float32", longest_row=3000
+    )
     assert long.logits == 3 * short.logits and long.activations == 3 * short.activations
     without_kl = count_for(model, LearnerConfig(kl_coef=0.0), world_size=1, compute_dtype="bfloat16")
     assert without_kl.reference == 0

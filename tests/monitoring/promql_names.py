@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from monitoring.metrics import CATALOGUE, PREFIX
+from monitoring.catalogue import CATALOGUE, PREFIX
 
 
 def series_names() -> dict[str, str]:

@@ -12,8 +12,8 @@ import yaml
 from promql_names import metric_names, series_names
 from required_tools import kubectl, promtool
 
+from monitoring.catalogue import CATALOGUE, MetricSpec
 from monitoring.dashboards import GRAFANA_DIR, completed, render, rendered_files
-from monitoring.metrics import CATALOGUE, MetricSpec
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "monitoring/prometheus/rules.yaml"
@@ -52,7 +52,7 @@ def test_promql_names_only_catalogue_metrics(source):
     assert exprs
     for where, expr in exprs:
         unknown = metric_names(expr) - set(known)
-        assert not unknown, f"{where}: {sorted(unknown)} not defined in monitoring/metrics.py (or wrong suffix)"
+        assert not unknown, f"{where}: {sorted(unknown)} not defined in monitoring/catalogue.py (or wrong suffix)"
 
 
 def test_every_catalogue_metric_is_on_a_dashboard():

@@ -7,7 +7,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from monitoring import ray_metrics
-from monitoring.metrics import CATALOGUE, MetricSpec, metric
+from monitoring.catalogue import CATALOGUE, MetricSpec
+from monitoring.metrics import metric
 
 
 class FakeRayMetric:
