@@ -5,8 +5,12 @@ script, the configs and the manifests."""
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
+import shlex
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -247,22 +251,108 @@ def test_the_run_directory_exists_and_belongs_to_the_run_user(flavour):
     )
 
 
-COMPILERS = {"g++", "gcc", "cmake", "make", "build-essential", "clang"}
+BUILD_TOOLS = {"g++", "cmake", "make", "build-essential"}
+C_COMPILERS = {"gcc", "clang"}  # what Triton's _build() looks for on PATH when CC is unset
 
 
 @pytest.mark.parametrize("flavour", DOCKERFILES)
-def test_the_runtime_image_has_no_compiler(flavour):
+def test_the_runtime_image_has_no_build_tools(flavour):
     """Multi-stage: the source packages are built into wheels in a stage of their own, which the
-    runtime stage installs from a build-time mount; no compiler is in the image that runs."""
+    runtime stage installs from a build-time mount; no build tool is in the image that runs. The
+    CPU image has no compiler at all; the GPU image has the C compiler Triton runs (next tests)."""
     all_stages = stages(DOCKERFILES[flavour])
     assert len(all_stages) >= 2, f"{flavour}: one stage: the compilers stay in the image"
-    assert COMPILERS & _installed_apt_packages(flavour, 0), f"{flavour}: the wheels stage builds nothing"
-    assert not COMPILERS & _installed_apt_packages(flavour), f"{flavour}: compilers in the runtime image"
+    assert BUILD_TOOLS & _installed_apt_packages(flavour, 0), f"{flavour}: the wheels stage builds nothing"
+    assert not BUILD_TOOLS & _installed_apt_packages(flavour), f"{flavour}: build tools in the runtime image"
+    if flavour == "cpu":
+        assert not C_COMPILERS & _installed_apt_packages(flavour), f"{flavour}: a compiler in the runtime image"
     runtime_installs = [rest for name, rest in all_stages[-1] if name == "RUN" and "-r /tmp/requirements.txt" in rest]
     assert runtime_installs and all(
         "--mount=type=bind,from=wheels" in rest and "--no-index --find-links /wheels" in rest
         for rest in runtime_installs
     ), f"{flavour}: the runtime stage must install the wheels stage's wheels, offline"
+
+
+def _triton_probe() -> str:
+    """The GPU runtime stage's RUN that builds a Python extension with Triton's own builder."""
+    runtime = stages(DOCKERFILES["gpu"])[-1]
+    runs = [rest for name, rest in runtime if name == "RUN"]
+    probes = [rest for rest in runs if "compile_module_from_src" in rest]
+    assert len(probes) == 1, "the GPU runtime stage must compile a Python extension through Triton's builder"
+    dependencies = next(i for i, rest in enumerate(runs) if "-r /tmp/requirements.txt" in rest)
+    assert runs.index(probes[0]) > dependencies, "the Triton probe must run after torch (and Triton) are installed"
+    return probes[0]
+
+
+def test_the_gpu_runtime_has_what_triton_compiles_with():
+    """vLLM 0.32 takes its V2 model runner whenever Triton imports, and fp32 attention is Triton's or
+    Flex's; Triton compiles its CUDA utilities and each kernel's launcher with a C compiler and the
+    running Python's Python.h the first time a kernel runs. The runtime stage installs the C
+    compiler Triton finds and the C headers (only a Recommends of gcc), and its build compiles a
+    Python extension with Triton's builder and the image's own python, the one pip installs into:
+    Python.h must be that interpreter's (the conda Python 3.N of Ray's image for PYTHON_TAG py3N,
+    headers included), which no apt package provides."""
+    packages = _installed_apt_packages("gpu")
+    assert C_COMPILERS & packages, f"gpu: no C compiler for Triton's launcher in the runtime image: {packages}"
+    assert "libc6-dev" in packages, "gpu: gcc without libc6-dev (a Recommends, left out) cannot compile"
+    runtime = stages(DOCKERFILES["gpu"])[-1]
+    assert runtime[0][1].startswith("rayproject/ray:${RAY_VERSION}-${PYTHON_TAG}-"), runtime[0]
+    assert re.fullmatch(r"py3\d+", build_args(DOCKERFILES["gpu"])["PYTHON_TAG"]), "Ray's tag for its Python 3.N"
+    assert not any(re.fullmatch(r"(lib)?python3(\.\d+)?-dev", package) for package in packages), (
+        "apt's Python headers are not the base Python's (conda's), whose include dir Triton passes"
+    )
+    probe = _triton_probe()
+    assert re.search(r'TRITON_CACHE_DIR="\$\{cache\}" python -c ', probe), (
+        "run by the image's python, in a scratch cache"
+    )
+
+
+def _run_probe(path: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """The probe as the Dockerfile's SHELL runs it, with PATH as given and no CC."""
+    env = {"PATH": path, "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+    return subprocess.run(
+        ["/bin/bash", "-o", "pipefail", "-c", _triton_probe()], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_triton_probe_builds_with_a_compiler_and_fails_without_one(tmp_path):
+    """The Dockerfile's probe, run here with this venv's Python and Triton (the image's versions):
+    it builds where gcc is on PATH and stops the build where it is not."""
+    triton = pytest.importorskip("triton")
+    pin = re.search(r"^triton==(\S+)", (REPO / "constraints.txt").read_text(), re.M).group(1)
+    assert triton.__version__ == pin, f"the venv's Triton {triton.__version__}, the image's {pin}"
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc not found: apt-get install gcc (scripts/setup.sh installs it)")
+    venv = Path(sys.executable).parent
+    built = _run_probe(f"{venv}{os.pathsep}{Path(gcc).parent}{os.pathsep}/usr/bin{os.pathsep}/bin", tmp_path)
+    assert built.returncode == 0, built.stdout + built.stderr
+    bare = tmp_path / "bin"  # python, mktemp and rm, and no compiler
+    bare.mkdir()
+    (bare / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bare / "python").chmod(0o755)
+    for program in ("mktemp", "rm"):
+        (bare / program).symlink_to(shutil.which(program))
+    refused = _run_probe(str(bare), tmp_path)
+    assert refused.returncode != 0 and "Failed to find C compiler" in refused.stderr, refused.stderr
+
+
+def test_triton_caches_where_the_run_user_can_write():
+    """Triton writes its compiled launchers to TRITON_CACHE_DIR, else TRITON_HOME or HOME's
+    .triton/cache (triton/knobs.py). The image leaves HOME the base's (/home/ray, the run user's);
+    an ENV that moves one must point at /tmp (writable in every pod) or at a directory the image
+    gives the run user."""
+    steps = instructions(DOCKERFILES["gpu"])
+    env = {}
+    for name, rest in steps:
+        if name == "ENV":
+            env.update(item.split("=", 1) for item in shlex.split(rest) if "=" in item)
+    runs = " ".join(rest for name, rest in steps if name == "RUN")
+    for key in ("TRITON_CACHE_DIR", "TRITON_HOME", "HOME"):
+        if key in env:
+            path = env[key]
+            given = re.search(rf'chown -R "\$\{{SLEA_UID\}}" [^&]*{re.escape(path)}\b', runs)
+            assert path.startswith("/tmp/") or given, f"gpu: {key}={path} is not writable by the run user"
 
 
 @pytest.mark.parametrize("flavour", DOCKERFILES)
