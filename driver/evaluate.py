@@ -101,6 +101,7 @@ def evaluate_engine(
     env_pool: list | None = None,
     on_episode: Callable[[int, int], None] | None = None,
     greedy: bool = True,
+    policy_alone: bool = True,
 ) -> EvalReport:
     """Play the panel of `env_name` (default config.envs.name) through `engine`; writes the report if
     `out_dir`. With `env_pool` the envs are taken from and left in it, and `on_episode(played, in all)`
@@ -120,6 +121,7 @@ def evaluate_engine(
         budgets=budgets or default_budgets(step_budget),
         retrieval_mode=config.actors.retrieval_mode if config.actors.retrieval_mode in ("step", "task") else "step",
         greedy=greedy,
+        policy_alone=policy_alone,
     )
     builder = PromptBuilder.from_config(engine.tokenizer, config)
     result = asyncio.run(

@@ -196,6 +196,30 @@ def summary_lines(
     return lines
 
 
+def time_line(entries: list[dict], pool: list[dict], startup_s: float, wall_s: float) -> str:
+    """Where the run's wall time went, process by process: the start-up phases, the learner
+    (training, and idle waiting for groups), the held-out evaluations, and the actors (busy: the
+    engine, the environments, the library; held back by redis.max_lag while the learner is behind).
+    The engine's seconds are summed over the episodes an actor plays at once, so they can exceed
+    its busy time. `entries`: metrics.jsonl; `pool`: the actor workers' summaries."""
+    updates = [entry for entry in entries if "learner/step_seconds" in entry]
+    trained = sum(entry["learner/step_seconds"] for entry in updates)
+    waited = sum(entry.get("learner/wait_seconds", 0.0) for entry in updates)
+    evaluations = [entry["eval/seconds"] for entry in entries if "eval/seconds" in entry]
+    timers = {key: sum(summary["timers"][key] for summary in pool) for key in _ACTOR_TIMERS}
+    busy, throttled = (sum(summary.get(key, 0.0) for summary in pool) for key in ("busy_s", "throttled_s"))
+    actor = ", ".join(f"{name} {timers[key]:.0f}" for key, name in _ACTOR_TIMERS.items())
+    return (
+        f"time, of {wall_s:.0f} s: start-up {startup_s:.0f} s | learner {trained:.0f} s training "
+        f"({len(updates)} updates), {waited:.0f} s waiting for groups | held-out evaluation "
+        f"{sum(evaluations):.0f} s ({' + '.join(f'{seconds:.0f}' for seconds in evaluations) or 'none'}) | "
+        f"actors busy {busy:.0f} s ({actor}), held back {throttled:.0f} s"
+    )
+
+
+# StepTimers fields (actors/episode.py) and how the time line names them
+_ACTOR_TIMERS = {"generation_s": "engine", "env_s": "environments", "retrieval_wait_s": "library", "overhead_s": "ours"}
+
 # (metrics.jsonl key, how the summary names it)
 _EVAL_KEYS = (
     ("eval/success_rate", "success as deployed (with the library when the run has one)"),

@@ -28,7 +28,7 @@ import redis
 from rich.console import Console
 from rich.live import Live
 
-from driver.progress import Progress, RunConsole, summary_lines
+from driver.progress import Progress, RunConsole, summary_lines, time_line
 from driver.retention import retained
 from driver.serve_health import ServeHealth
 from monitoring.metrics import metric
@@ -157,6 +157,7 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
     recorder = _recorder(config, run_dir)
     progress = Progress(config)
     library = learner = pool = sizer = None
+    startup_s = 0.0  # until the actors start: start-up phases (the summary's time line)
     supervisor = Supervisor(
         config.run.max_failures,
         console.note,
@@ -180,6 +181,7 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
             evals.on_learner_step(0, final=True)  # the policy before any update: the curve's first point
         pool = ActorPool(config, config.redis.url)
         sizer.start(pool)  # actors.num_workers; `slea scale` and actors.autoscale resize it from here
+        startup_s = console.elapsed()
         actors = config.actors
         console.note(
             f"{actors.num_workers} actor worker(s) x {actors.envs_per_worker} envs ({actors.engine}) play {config.envs.name} "
@@ -245,10 +247,10 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
         with console.phase("stopping: learner checkpoint, library snapshot, Ray"):
             if sizer is not None:
                 sizer.close()
-            _shutdown(pool, learner, library, recorder)
+            _shutdown(pool, learner, library, recorder, own_ray=config.ray.address is None)
             ray.shutdown()
             client.close()
-    _print_summary(run_dir, progress, summaries, stats, console)
+    _print_summary(run_dir, progress, summaries, stats, console, startup_s)
     return 0
 
 
@@ -291,13 +293,17 @@ def _join_ray(config: SleaConfig, console: RunConsole) -> None:
         serve_metrics(config.monitoring.metrics_port, config.monitoring.metrics_host)
 
 
-def _print_summary(run_dir, progress: Progress, summaries: list[dict], stats, console: RunConsole) -> None:
+def _print_summary(
+    run_dir, progress: Progress, summaries: list[dict], stats, console: RunConsole, startup_s: float
+) -> None:
     from driver.run_outputs import read_metrics
     from learner.checkpoint import latest_checkpoint
 
-    evaluations = [entry for entry in read_metrics(run_dir) if "eval/success_rate" in entry]
+    entries = read_metrics(run_dir)
+    evaluations = [entry for entry in entries if "eval/success_rate" in entry]
     checkpoint = latest_checkpoint(run_dir / "learner" / "checkpoints")
     lines = summary_lines(evaluations, progress, summaries, stats, run_dir, checkpoint, console.elapsed())
+    lines.insert(2, time_line(entries, summaries, startup_s, console.elapsed()))
     console.line("[green]done[/]: " + lines[0])
     for line in lines[1:]:
         console.line("  " + line)
@@ -452,11 +458,14 @@ def _record_evals(finished: list[tuple[int, dict]], progress: Progress, recorder
     for learner_step, metrics in finished:
         recorder.record(learner_step, metrics)
         progress.latest_eval = (learner_step, metrics.get(HEADLINE))
+        alone = metrics.get("eval/sampled/no_library/success_rate")
+        with_library = "eval/sampled/library/success_rate" in metrics
         console.note(
             f"held-out evaluation at step {learner_step} (policy v{metrics['eval/policy_version']}): success "
-            f"{metrics.get(HEADLINE, float('nan')):.0%}, without the library "
-            f"{metrics.get('eval/sampled/no_library/success_rate', float('nan')):.0%} "
-            f"({metrics['eval/seconds']:.0f} s)"
+            f"{metrics.get(HEADLINE, float('nan')):.0%}"
+            + (f", without the library {alone:.0%}" if with_library and alone is not None else "")
+            + ("" if with_library else " (the policy alone)")
+            + f" ({metrics['eval/seconds']:.0f} s)"
         )
 
 
@@ -475,9 +484,15 @@ def _recorder(config: SleaConfig, run_dir):
     return RunRecorder(run_dir, sinks=open_sinks(config, run_dir), plots=config.monitoring.plots)
 
 
-def _shutdown(pool, learner, library, recorder) -> None:
-    """Graceful order: no new groups -> learner checkpoint -> library snapshot -> Serve down. A dead
-    learner (the run stopping past run.max_failures) does not keep the library from its snapshot."""
+def _shutdown(pool, learner, library, recorder, own_ray: bool) -> None:
+    """Graceful order: no new groups -> learner checkpoint -> library snapshot -> Serve app down. A dead
+    learner (the run stopping past run.max_failures) does not keep the library from its snapshot.
+
+    The retrieval app goes with `serve.delete` on a cluster (whose Serve is not ours to stop), and with
+    the local Ray that `ray.shutdown()` ends next (own_ray). Never `serve.shutdown()`: its
+    `graceful_shutdown` call waits, by design, until the controller is killed (ray/serve/_private/
+    controller.py), and the driver then prints Ray's "(raylet) Task ServeController.graceful_shutdown
+    failed ... will be retried" as the run's last word."""
     if pool is not None:
         pool.stop()
     if learner is not None:
@@ -488,7 +503,8 @@ def _shutdown(pool, learner, library, recorder) -> None:
     if library is not None:
         library.head.stop.remote()
         ray.wait(library.runs, timeout=LIBRARY_SNAPSHOT_WAIT_S)
-        from ray import serve
+        if not own_ray:
+            from ray import serve
 
-        serve.shutdown()
+            serve.delete(LIBRARY_APP)
     recorder.close()

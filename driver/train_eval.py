@@ -144,6 +144,7 @@ class PanelEvaluator:
                 env_pool=self.env_pool,
                 on_episode=lambda played, episodes: setattr(self, "_progress", (learner_step, played, episodes)),
                 greedy=cfg.eval.greedy,
+                policy_alone=cfg.eval.policy_alone,
             ).report
         finally:
             self._progress = None

@@ -27,12 +27,14 @@ import random
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from learner.engine import PolicyTrainer
+if TYPE_CHECKING:  # a name only: importing the engine would import DeepSpeed into a driver reading checkpoints
+    from learner.engine import PolicyTrainer
 
 
 @dataclass

@@ -539,6 +539,10 @@ class EvalConfig(_Section):
     )
     greedy: bool = Field(True, description="Also play one greedy episode per panel task (the eval/greedy/... rows).")
     library: bool = Field(True, description="Also play with the run's live library, when the run has one.")
+    policy_alone: bool = Field(
+        True,
+        description="With the library, also play the panel without it (the policy alone); false: only as deployed. The base policy (before the first update) is always played alone.",
+    )
     engine: Literal["transformers", "vllm"] | None = Field(
         None,
         description="The evaluator's generation engine (null = actors.engine); vLLM caches the panel prompts' shared prefix.",

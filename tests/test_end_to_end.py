@@ -15,14 +15,21 @@ pytestmark = pytest.mark.whole_run  # slow too (tests/conftest.py)
 SLEA = [sys.executable, "-m", "driver.cli"]
 
 
+# What a normal run must not show (issue 39): Ray's token-authentication WARNING at ray.init, the
+# "(raylet) Task ServeController.graceful_shutdown failed" that serve.shutdown() leaves, DeepSpeed's
+# "[WARNING] ... Setting accelerator to CPU" when the driver imported it at the summary.
+NOISE = ("WARNING", "(raylet)", "Setting accelerator")
+
+
 def train(*args: str, timeout: int = 600) -> set[tuple[str, int, str]]:
     """Run `slea train` to its end; returns every TCP socket its processes listened on (looked
-    at about once a second: Ray's servers and the learner's listen for the whole run)."""
+    at about once a second: Ray's servers and the learner's listen for the whole run). Its output
+    holds no line of NOISE."""
     process = subprocess.Popen([*SLEA, "train", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline, listeners = time.monotonic() + timeout, set()
     while True:
         try:
-            _out, err = process.communicate(timeout=1.0)
+            out, err = process.communicate(timeout=1.0)
             break
         except subprocess.TimeoutExpired:  # still running: retrying communicate loses no output
             listeners |= listening_sockets(process.pid)
@@ -30,6 +37,8 @@ def train(*args: str, timeout: int = 600) -> set[tuple[str, int, str]]:
                 process.kill()
                 raise
     assert process.returncode == 0, err[-3000:]
+    noise = [line for line in (out + err).splitlines() if any(word in line for word in NOISE)]
+    assert not noise, "a normal run shows:\n" + "\n".join(noise)
     return listeners
 
 

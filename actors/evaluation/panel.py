@@ -75,6 +75,7 @@ class PanelSettings:
     retrieval_mode: str = "step"  # "step": retrieve every step; "task": once at step 0
     max_concurrent: int = 64  # episodes in flight at once (each holds one env)
     greedy: bool = True  # also play one greedy episode per task (False: the greedy rows are not played)
+    policy_alone: bool = True  # with a library, also play without it (False: only the with-library rows)
 
     @property
     def decodings(self) -> tuple[str, ...]:
@@ -140,7 +141,7 @@ async def play_panel(
     check_settings(settings)
     if not tasks:
         raise ValueError("the evaluation panel is empty")
-    library_modes = [False, True] if retrieval is not None else [False]
+    library_modes = played_library_modes(settings, retrieval is not None)
     # A caller that evaluates again and again (the in-training evaluator) lends its pool and keeps
     # the envs: an ALFWorld env loads a private copy of the planner library when it first plays,
     # and loading one again after earlier copies were closed crashed that process.
@@ -221,8 +222,8 @@ async def play_panel(
         task_types[task.task_type] += 1
     rows = [
         summarise_mode(outcomes, decoding, library, settings, retrieval is not None, library_note)
-        if decoding in settings.decodings
-        else ModeSummary(decoding, library, available=False, note="not played: greedy decoding is off")
+        if decoding in settings.decodings and (library or False in library_modes)
+        else ModeSummary(decoding, library, available=False, note=_not_played(decoding, settings))
         for library in (False, True)
         for decoding in DECODINGS
     ]
@@ -244,6 +245,21 @@ def _retrieval_calls(outcomes: list[EpisodeOutcome], mode: str) -> int:
     """Retrievals play_episode made: one per step in step mode, one per episode in task mode."""
     with_library = [o for o in outcomes if o.library]
     return sum(o.steps for o in with_library) if mode == "step" else len(with_library)
+
+
+def played_library_modes(settings: PanelSettings, has_library: bool) -> list[bool]:
+    """The library modes a panel plays (False: the policy alone, True: with the library): without a
+    library the policy alone, whatever the settings (the base policy before the first update);
+    with one the pair, or only the with-library rows when `policy_alone` is off."""
+    if not has_library:
+        return [False]
+    return [False, True] if settings.policy_alone else [True]
+
+
+def _not_played(decoding: str, settings: PanelSettings) -> str:
+    if decoding not in settings.decodings:
+        return "not played: greedy decoding is off"
+    return "not played: the policy alone is off (eval.policy_alone: false)"
 
 
 def summarise_mode(

@@ -18,6 +18,7 @@ from actors.evaluation.panel import (
     default_budgets,
     default_ks,
     play_panel,
+    played_library_modes,
     summarise_mode,
 )
 from actors.evaluation.report import write_report
@@ -156,3 +157,14 @@ def test_without_greedy_only_the_sampled_rows_are_played(engine):
     assert {o.decoding for o in result.outcomes} == {"sampled"} and heard[-1] == (2, 2)
     greedy = [row for row in result.rows if row.decoding == "greedy"]
     assert greedy and all(not row.available and row.note == "not played: greedy decoding is off" for row in greedy)
+
+
+def test_the_policy_alone_is_dropped_only_beside_a_library():
+    pair = PanelSettings(samples_per_task=1, step_budget=3, temperature=1.0, ks=[1], budgets=[3])
+    deployed_only = PanelSettings(
+        samples_per_task=1, step_budget=3, temperature=1.0, ks=[1], budgets=[3], policy_alone=False
+    )
+    assert played_library_modes(pair, has_library=True) == [False, True]
+    assert played_library_modes(deployed_only, has_library=True) == [True]
+    # No library (no preset with one, or the base policy before the first update): the policy alone.
+    assert played_library_modes(pair, has_library=False) == played_library_modes(deployed_only, False) == [False]

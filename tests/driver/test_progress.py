@@ -5,7 +5,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from driver.progress import Progress, RunConsole, eval_progress_text, shown_counts, summary_lines
+from driver.progress import Progress, RunConsole, eval_progress_text, shown_counts, summary_lines, time_line
 from slea.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,3 +84,23 @@ def test_evaluation_progress_names_the_policy_and_logs_at_most_every_few_seconds
     assert progress.eval_progress((0, 1, 16)) is None  # no news: no line
     assert progress.eval_progress((0, 3, 16)) is not None
     assert progress.eval_progress(None) is None and progress.eval_running is None
+
+
+def test_the_time_line_says_where_each_process_spent_the_run():
+    entries = [
+        {"step": 0, "eval/success_rate": 0.2, "eval/seconds": 120.4},
+        {"step": 1, "learner/step_seconds": 50.0, "learner/wait_seconds": 30.0},
+        {"step": 2, "learner/step_seconds": 40.2, "learner/wait_seconds": 5.0},
+        {"step": 2, "eval/success_rate": 0.3, "eval/seconds": 60.0},
+    ]
+    timers = {"generation_s": 150.0, "env_s": 2.0, "retrieval_wait_s": 3.0, "overhead_s": 1.0}
+    pool = [
+        {"busy_s": 80.0, "throttled_s": 20.0, "timers": timers},
+        {"busy_s": 70.0, "throttled_s": 0.0, "timers": {**timers, "generation_s": 100.0}},
+    ]
+    assert time_line(entries, pool, startup_s=61.3, wall_s=400.0) == (
+        "time, of 400 s: start-up 61 s | learner 90 s training (2 updates), 35 s waiting for groups | "
+        "held-out evaluation 180 s (120 + 60) | actors busy 150 s (engine 250, environments 4, library 6, ours 2), "
+        "held back 20 s"
+    )
+    assert "held-out evaluation 0 s (none)" in time_line([], [], 1.0, 2.0)
