@@ -195,7 +195,7 @@ def torch_step(
         optimizer.zero_grad(set_to_none=True)
 
 
-def _timed(run, cuda: bool) -> tuple[float, int]:
+def timed_with_peak(run, cuda: bool) -> tuple[float, int]:
     """(seconds, transient peak bytes) of one call."""
     with StepMemory() as memory:
         start = time.perf_counter()
@@ -279,7 +279,7 @@ def bench_learner(
     for _ in range(steps):
         measure_peaks()
         for side, run in runs.items():
-            seconds, peak = _timed(run, cuda)
+            seconds, peak = timed_with_peak(run, cuda)
             timings[side].append(seconds)
             transient[side] = max(transient[side], peak)
     seconds = {side: float(np.median(values)) for side, values in timings.items()}

@@ -22,6 +22,7 @@ the vLLM engines that did. So:
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -102,9 +103,8 @@ def hide_unassigned_gpus(num_gpus: float, environ: dict | None = None) -> bool:
 def training_device(num_gpus: float) -> torch.device:
     """This rank's training device (see the module docstring); on a GPU it is made current and,
     when shared, the process's memory is capped at its share."""
-    import ray
-
-    in_actor = ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+    ray = sys.modules.get("ray")  # never imported to learn that this is no Ray actor (a node may not have Ray)
+    in_actor = ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
     plan = plan_device(
         num_gpus,
         torch.cuda.is_available(),

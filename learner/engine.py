@@ -42,7 +42,7 @@ from learner.edge import distill_advantages, distill_log_ratio
 from learner.loss import gather_logprobs, ppo_loss, token_entropy
 from learner.memory import count_for, device_budget, refuse_unless_it_fits
 from learner.precision import compute_context, deepspeed_autocast_section, use_float_head
-from learner.weights import cpu_copy
+from learner.state_copy import cpu_copy
 from slea.config import LearnerConfig
 from slea.precision import resolve_dtype
 

@@ -45,28 +45,6 @@ from slea.channels import RAY_NAMESPACE, policy_version_key, weight_registry_nam
 from slea.redis_conn import with_reconnect
 
 
-def cpu_copy(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A CPU copy of `state_dict` in which tensors that share storage (tied weights: `lm_head.weight`
-    is `embed_tokens.weight`) stay one tensor under both names. Copied one by one they would become
-    two, and every transport would send the table twice (~15% more per version for Qwen2.5-1.5B):
-    the collective plan and the vLLM staging skip a name whose storage they have already seen, and
-    pickling (the object store) writes a tensor object once however many names it has."""
-    copies: dict[tuple, torch.Tensor] = {}
-    result = {}
-    for name, tensor in state_dict.items():
-        key = (
-            tensor.untyped_storage().data_ptr(),
-            tensor.storage_offset(),
-            tuple(tensor.shape),
-            tuple(tensor.stride()),
-            tensor.dtype,
-        )
-        if key not in copies:
-            copies[key] = tensor.detach().to("cpu", copy=True)
-        result[name] = copies[key]
-    return result
-
-
 @dataclass(frozen=True)
 class VersionStart:
     """Where a starting learner takes up the version line."""

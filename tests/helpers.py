@@ -519,25 +519,6 @@ class LocalAutoscalingCluster(AutoscalingCluster):
         }
 
 
-def check_prefix_cache_reset(python: str, checkpoint: str, out_dir, timeout_s: int = 900) -> None:
-    """Run tests/actors/engines/vllm_prefix_cache_probe.py (a VllmEngine whose prefix cache is reset
-    while a request holds KV blocks) and check that a prompt cached before the reset is not after it."""
-    import os
-    import subprocess
-
-    probe = Path(__file__).resolve().parent / "actors/engines/vllm_prefix_cache_probe.py"
-    out_path = Path(out_dir) / "prefix_cache.json"
-    result = subprocess.run(
-        [python, str(probe), checkpoint, str(out_path)],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert_the_prefix_cache_was_reset(json.loads(out_path.read_text()))
-
-
 def assert_the_prefix_cache_was_reset(out: dict) -> None:
     """What vllm_prefix_cache_probe.prefix_cache_reset found: a prompt cached before the reset is not after it."""
     assert out["error"] is None, out["error"]

@@ -78,8 +78,11 @@ class TransformersEngine(GenerationEngine):
     def _generate_locked(self, prompts: list[list[int]]) -> list[Generation]:
         width = max(len(prompt) for prompt in prompts)
         pad = self.tokenizer.pad_token_id
-        input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
-        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
+        device = self.model.device  # a CUDA model (the device check) takes its inputs there
+        input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long, device=device)
+        attention = torch.tensor(
+            [[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long, device=device
+        )
         greedy = self.sampling.temperature <= 0
         output = self.model.generate(
             input_ids=input_ids,
@@ -98,7 +101,7 @@ class TransformersEngine(GenerationEngine):
         new_tokens = output.sequences[:, width:]
         scale = 1.0 if greedy else self.sampling.temperature
         logits = torch.stack(output.logits, dim=1).float() / scale  # [B, T, V]
-        token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1).cpu()
         return [
             self._finish(prompt, new_tokens[row].tolist(), token_logprobs[row].numpy())
             for row, prompt in enumerate(prompts)

@@ -1,8 +1,9 @@
 """The GPU tier's probes, each run in a subprocess of its own by tests/gpu/test_gpu_path.py (vLLM
 changes its process's environment, and a CUDA context or an NCCL communicator does not come back
-from a failure cleanly). Each prints one JSON line of what it measured; the test checks it.
+from a failure cleanly). Each writes what it measured as JSON to the file it is given (vLLM logs
+to stdout: a result there would be lost among its lines); the test checks it.
 
-usage: python gpu_probes.py NAME [ARGS...]
+usage: python gpu_probes.py NAME RESULT.json [ARGS...]
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.append(str(Path(__file__).resolve().parents[1] / "actors" / "engines"))  # vllm_prefix_cache_probe
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -42,48 +44,64 @@ def _prompts(tokenizer, count: int) -> list[list[int]]:
     ]
 
 
-def vllm_alone(checkpoint: str) -> dict:
-    """Which model runner vLLM took, finite log-probs, decode tokens/s at batch 16 (bf16)."""
-    engine = _engine(checkpoint, "bfloat16", 0.3, max_new_tokens=128)
+def one_vllm_process(checkpoint: str, weights: str) -> dict:
+    """Every vLLM check on one engine start (float32, so that the test can hold the swapped-in
+    weights' log-probs to transformers' closely): which model runner vLLM took, finite log-probs
+    and decode tokens/s at batch 16; then other weights through the object-store path (staging,
+    in-place reload under CUDA graphs) and 4 generations with them, saved for the test to score
+    with transformers; then the prefix cache reset while a request holds KV blocks."""
+    from safetensors.torch import load_file
+    from vllm_prefix_cache_probe import prefix_cache_reset
+
+    engine = _engine(checkpoint, "float32", 0.3, max_new_tokens=128)
     config = engine._engine.vllm_config
     prompts = _prompts(engine.tokenizer, 16)
     engine.generate_batch(prompts[:2])  # warm-up (CUDA graphs, compilation caches)
     start = time.perf_counter()
     generations = engine.generate_batch(prompts)
     seconds = time.perf_counter() - start
-    tokens = sum(len(g.response_ids) for g in generations)
+
+    async def swap_and_generate():  # in a loop of its own, as an actor's next round asks
+        engine.update_weights(load_file(weights), version=1)
+        return await asyncio.gather(*(engine.generate(p) for p in prompts[:4]))
+
+    updated = asyncio.run(swap_and_generate())
+    prefix_cache = prefix_cache_reset(engine)
     engine.close()
     return {
         "v2_model_runner": bool(config.use_v2_model_runner),
         "enforce_eager": bool(config.model_config.enforce_eager),
         "finite_logprobs": all(bool(torch.isfinite(torch.as_tensor(g.logprobs)).all()) for g in generations),
-        "tokens": tokens,
-        "tokens_per_s": tokens / seconds,
-    }
-
-
-def object_store_update(checkpoint: str, weights: str, out_dir: str) -> dict:
-    """Swap in other weights through the object-store path (staging, in-place reload under CUDA
-    graphs), generate, and save what was generated so the test scores it with transformers."""
-    from safetensors.torch import load_file
-
-    engine = _engine(checkpoint, "float32", 0.3)
-    prompts = _prompts(engine.tokenizer, 4)
-
-    async def scenario():
-        await asyncio.gather(*(engine.generate(p) for p in prompts))
-        engine.update_weights(load_file(weights), version=1)
-        return await asyncio.gather(*(engine.generate(p) for p in prompts))
-
-    generations = asyncio.run(scenario())
-    engine.close()
-    return {
+        "tokens": sum(len(g.response_ids) for g in generations),
+        "tokens_per_s": sum(len(g.response_ids) for g in generations) / seconds,
+        "versions": [g.policy_version for g in updated],
         "generations": [
             {"prompt_ids": g.prompt_ids, "response_ids": g.response_ids.tolist(), "logprobs": g.logprobs.tolist()}
-            for g in generations
+            for g in updated
         ],
-        "versions": [g.policy_version for g in generations],
+        "prefix_cache": prefix_cache,
     }
+
+
+def counted_gb(trainer, tokens: int, responses: int) -> float:
+    """learner/memory.py's count for `trainer`'s settings and the micro-batch it trained (`tokens`
+    padded tokens, `responses` of them response positions): the floor its measured peak is checked
+    against."""
+    from learner.memory import learner_memory, shape_of
+
+    module = trainer.module
+    reference = "none" if trainer.reference is None else str(next(trainer.reference.parameters()).dtype)[6:]
+    memory = learner_memory(
+        shape_of(module.config, sum(param.numel() for param in module.parameters())),
+        zero_stage=trainer.cfg.zero_stage,
+        ranks=trainer.world_size,
+        compute_bytes=trainer.compute_dtype.itemsize,
+        reference=reference,
+        micro_batch_tokens=tokens,
+        response_tokens=responses,
+        checkpointing=trainer.cfg.activation_checkpointing,
+    )
+    return memory.total / 2**30
 
 
 def zero2_bf16_step(checkpoint: str) -> dict:
@@ -129,6 +147,7 @@ def zero2_bf16_step(checkpoint: str) -> dict:
         "behav_weight": stats.behav_weight,
         "behav_masked_fraction": stats.behav_masked_fraction,
         "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30,
+        "counted_gb": counted_gb(trainer, tokens=4 * 128, responses=4 * 32),  # a mini-batch: 4 rows, one micro-batch
     }
 
 
@@ -155,11 +174,15 @@ def shared_gpu(checkpoint: str) -> dict:
     after = engine.generate_batch(prompts[:2])
     free, total = torch.cuda.mem_get_info()
     engine.close()
+    width = max(len(g.prompt_ids) + len(g.response_ids) for g in generations)  # one micro-batch, padded
     return {
         "loss": stats.loss,
         "finite": math.isfinite(stats.loss),
         "versions_after": [g.policy_version for g in after],
         "learner_peak_gb": torch.cuda.max_memory_allocated() / 2**30,
+        "counted_gb": counted_gb(
+            trainer, tokens=len(samples) * width, responses=len(samples) * max(len(s.response_ids) for s in samples)
+        ),
         "gpu_total_gb": total / 2**30,
         "gpu_used_gb": (total - free) / 2**30,
     }
@@ -189,4 +212,4 @@ def nccl_rank(role: str, port: str, timeout_s: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(globals()[sys.argv[1]](*sys.argv[2:])))
+    Path(sys.argv[2]).write_text(json.dumps(globals()[sys.argv[1]](*sys.argv[3:])))

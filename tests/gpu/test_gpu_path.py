@@ -1,10 +1,12 @@
-"""The GPU tier (`pytest -m gpu`, scripts/gpu_check.sh): the CUDA path checked in the order that
-finds a broken environment first and the most expensive check last (issue 24's smoke order):
-environment -> vLLM alone -> a weight update through the object store, checked against
-transformers, and the prefix-cache reset -> one ZeRO-2 bf16 learner step -> learner and vLLM
-sharing the GPU -> `slea train configs/gpu.yaml` for 2 steps -> the NCCL weight group under a
-timeout. Everything runs the shipped SmolLM2 (no download). Skipped where CUDA is absent
-(tests/conftest.py); heavy pieces run in subprocesses (tests/gpu/gpu_probes.py)."""
+"""The GPU tier (`pytest -m gpu`; scripts/gpu_check.sh runs its tests one pytest each, cheapest
+first: NCCL, ZeRO-2, vLLM, the shared GPU, `slea train`): the environment -> one vLLM process
+(generation, a weight update through the object store checked against transformers, the
+prefix-cache reset) -> one ZeRO-2 bf16 learner step -> learner and vLLM sharing the GPU -> `slea
+train configs/gpu.yaml` for 2 steps -> the NCCL weight group under a timeout. Everything runs the
+shipped SmolLM2 (no download). Skipped where CUDA is absent (tests/conftest.py); heavy pieces run
+in subprocesses (tests/gpu/gpu_probes.py) whose whole output goes where pytest's goes (with -s:
+scripts/gpu_check.sh's log of the test), and whose figures the check's summary.json carries
+(`record`)."""
 
 from __future__ import annotations
 
@@ -14,13 +16,14 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import check_prefix_cache_reset, forward_logprobs, perturbed_shipped_model, tiny_run
+from helpers import assert_the_prefix_cache_was_reset, forward_logprobs, perturbed_shipped_model, tiny_run
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -28,18 +31,35 @@ REPO = Path(__file__).resolve().parents[2]
 PROBES = Path(__file__).with_name("gpu_probes.py")
 
 
+# A measured learner peak over learner/memory.py's count: on CPU it ran 1.11-1.35x (SDPA's [T, T]
+# scores, the tied embedding's second gradient; tests/learner/test_memory.py); on a GPU ZeRO's
+# reduce buckets (2 x 5e7 float32) and the allocator's rounding add to it. Not yet measured on a GPU.
+MEMORY_MARGIN = 1.5
+
+
+def record(name: str, figures: dict) -> None:
+    """Add `figures` under `name` to the file that scripts/gpu_check.sh puts into summary.json
+    ($SLEA_CHECK_FIGURES), where it is set."""
+    path = os.environ.get("SLEA_CHECK_FIGURES")
+    if path:
+        recorded = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+        Path(path).write_text(json.dumps({**recorded, name: figures}, default=str))
+
+
 def probe(name: str, *args, timeout: int = 300) -> dict:
-    result = subprocess.run(
-        [sys.executable, str(PROBES), name, *map(str, args)],
-        capture_output=True,
-        text=True,
+    """gpu_probes.NAME(*args) in a process of its own: its output (vLLM logs to stdout) passes
+    through whole and in order, its result comes back in a file."""
+    result = Path(tempfile.mkdtemp(prefix="gpu-probe-")) / f"{name}.json"
+    completed = subprocess.run(
+        [sys.executable, str(PROBES), name, str(result), *map(str, args)],
         timeout=timeout,
         cwd=REPO,
         env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(REPO)},
     )
-    assert result.returncode == 0, f"{name}: {result.stderr[-4000:]}"
-    out = json.loads(result.stdout.strip().splitlines()[-1])
-    print(f"{name}: {out if name != 'object_store_update' else out['versions']}")  # the figures, with -s
+    assert completed.returncode == 0, f"probe {name} exited {completed.returncode}: the cause is in its output above"
+    out = json.loads(result.read_text())
+    record(name, {key: value for key, value in out.items() if key != "generations"})
+    print(f"{name}: {out if 'generations' not in out else out['versions']}")  # the figures, with -s
     return out
 
 
@@ -70,26 +90,22 @@ def test_1_environment():
         ray.shutdown()
 
 
-def test_2_vllm_alone(shipped):
-    out = probe("vllm_alone", shipped)
+def test_2_one_vllm_process_generates_updates_weights_in_place_and_resets_its_prefix_cache(shipped, tmp_path):
+    from safetensors.torch import save_file
+
+    _checkpoint, _model, replacement = perturbed_shipped_model(seed=0)
+    weights = {k: v.contiguous() for k, v in replacement.state_dict().items() if k != "lm_head.weight"}
+    save_file(weights, tmp_path / "new.safetensors")
+    out = probe("one_vllm_process", shipped, tmp_path / "new.safetensors", timeout=420)
     assert out["finite_logprobs"] and out["tokens"] > 0
     assert not out["enforce_eager"], "the GPU engine must keep CUDA graphs (issue 24 item 6)"
     assert out["tokens_per_s"] > 300, f"decode {out['tokens_per_s']:.0f} tokens/s at batch 16 on a GPU"
-
-
-def test_3_object_store_update_matches_transformers_and_the_prefix_cache_resets(shipped, tmp_path):
-    from safetensors.torch import save_file
-
-    checkpoint, _model, replacement = perturbed_shipped_model(seed=0)
-    weights = {k: v.contiguous() for k, v in replacement.state_dict().items() if k != "lm_head.weight"}
-    save_file(weights, tmp_path / "new.safetensors")
-    out = probe("object_store_update", checkpoint, tmp_path / "new.safetensors", tmp_path)
     assert out["versions"] == [1] * 4
     for generation in out["generations"]:
         learner = forward_logprobs(replacement, generation["prompt_ids"], generation["response_ids"])
         np.testing.assert_allclose(generation["logprobs"], learner, atol=2e-2)  # fp32 both sides, GPU kernels
     # The prefix-cache reset while a request holds blocks, on the GPU's model runner.
-    check_prefix_cache_reset(sys.executable, shipped, tmp_path, timeout_s=300)
+    assert_the_prefix_cache_was_reset(out["prefix_cache"])
 
 
 def test_4_zero2_bf16_step(shipped):
@@ -100,12 +116,17 @@ def test_4_zero2_bf16_step(shipped):
     assert set(out["optimizer_state_dtypes"]) <= {"torch.float32"}, out["optimizer_state_dtypes"]
     # Behaviour log-probs are the learner's own: the decoupled-PPO weight is ~1, nothing masked.
     assert abs(out["behav_weight"] - 1) < 0.05 and out["behav_masked_fraction"] == 0
+    # The peak against learner/memory.py's count: at least the count (a floor), at most MEMORY_MARGIN above it.
+    assert out["counted_gb"] <= out["peak_memory_gb"] <= MEMORY_MARGIN * out["counted_gb"], out
 
 
 def test_5_learner_and_vllm_share_the_gpu(shipped):
     out = probe("shared_gpu", shipped, timeout=420)
     assert out["finite"] and out["versions_after"] == [1, 1]
-    assert out["learner_peak_gb"] <= 0.5 * out["gpu_total_gb"], "the learner stays inside its share"
+    # Against the arithmetic, not the cap (a peak under a 0.5 cap cannot pass 0.5): the count fits the
+    # share, and the peak is the count's, within MEMORY_MARGIN.
+    assert out["counted_gb"] <= 0.5 * out["gpu_total_gb"], out
+    assert out["counted_gb"] <= out["learner_peak_gb"] <= MEMORY_MARGIN * out["counted_gb"], out
 
 
 def test_6_slea_train_gpu_config_two_steps(tmp_path):
@@ -115,14 +136,16 @@ def test_6_slea_train_gpu_config_two_steps(tmp_path):
     command = [sys.executable, "-m", "driver.cli", "train", str(REPO / "configs/gpu.yaml")]
     command += [arg for setting in settings for arg in ("--set", setting)]
     started = time.monotonic()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=480, cwd=REPO)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = subprocess.run(command, timeout=480, cwd=REPO)  # its output passes through, whole
+    assert result.returncode == 0, f"slea train exited {result.returncode}: the cause is in its output above"
     from driver.run_outputs import read_metrics
 
     steps = [line for line in read_metrics(tmp_path / "gpu-check") if "learner/policy_version" in line]
+    seconds = time.monotonic() - started
+    record("slea_train", {"seconds": seconds, "losses": [line["learner/loss"] for line in steps]})
     assert [line["learner/policy_version"] for line in steps] == [1, 2]
     assert all(np.isfinite(line["learner/loss"]) for line in steps)
-    print(f"slea train configs/gpu.yaml, 2 steps: {time.monotonic() - started:.0f} s")
+    print(f"slea train configs/gpu.yaml, 2 steps: {seconds:.0f} s")
 
 
 def test_7_nccl_group_refuses_one_device_and_a_receiver_that_never_joins(tmp_path):
@@ -132,18 +155,18 @@ def test_7_nccl_group_refuses_one_device_and_a_receiver_that_never_joins(tmp_pat
     assert alone["error"] is not None and alone["seconds"] < 60, alone
     # Two ranks on one GPU: NCCL refuses (what config validation keeps a run from asking for).
     port_file.unlink()
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, str(PROBES), "nccl_rank", role, str(port_file), "20"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+    ranks = {
+        role: subprocess.Popen(
+            [sys.executable, str(PROBES), "nccl_rank", tmp_path / f"{role}.json", role, port_file, "20"],
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)},
         )
         for role in ("sender", "receiver")
-    ]
-    outs = [json.loads(rank.communicate(timeout=180)[0].strip().splitlines()[-1]) for rank in ranks]
+    }
+    for rank in ranks.values():
+        rank.wait(timeout=180)
+    outs = [json.loads((tmp_path / f"{role}.json").read_text()) for role in ranks]
+    record("nccl_two_ranks_one_gpu", outs)
     assert all(out["error"] is not None for out in outs), outs
     assert all(out["seconds"] < 120 for out in outs), outs
 

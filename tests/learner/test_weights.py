@@ -66,7 +66,7 @@ def test_a_tied_table_is_copied_and_sent_once():
     transport sent the table twice; the copy keeps them one tensor, which each transport sends once."""
     import pickle
 
-    from learner.weights import cpu_copy
+    from learner.state_copy import cpu_copy
     from slea.weight_group import plan_buckets
 
     class Tied(torch.nn.Module):
@@ -90,7 +90,7 @@ def test_a_tied_table_is_copied_and_sent_once():
 
 
 def test_the_object_store_keeps_a_tied_table_one_tensor(local_ray):
-    from learner.weights import cpu_copy
+    from learner.state_copy import cpu_copy
 
     table = torch.nn.Parameter(torch.randn(100, 8))
     fetched = ray.get(ray.put(cpu_copy({"embed_tokens.weight": table, "lm_head.weight": table})))

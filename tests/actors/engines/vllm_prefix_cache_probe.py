@@ -1,16 +1,8 @@
-"""Run by the GPU tier in a subprocess (an interpreter with vllm), and by vllm_probe.py on its own
-engine: reset VllmEngine's prefix cache while a request is generating, and write as JSON how many prompt
-tokens a repeated prompt found cached before and after the reset.
-
-usage: python vllm_prefix_cache_probe.py CHECKPOINT_DIR OUT.json
-"""
+"""Imported by vllm_probe.py (the CPU tier) and tests/gpu/gpu_probes.py (the GPU tier's one vLLM
+process), each on its own engine: reset VllmEngine's prefix cache while a request is generating, and
+count the prompt tokens a repeated prompt found cached before and after the reset."""
 
 import asyncio
-import json
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 
 def prefix_cache_reset(engine) -> dict:
@@ -51,17 +43,3 @@ def prefix_cache_reset(engine) -> dict:
     # On the engine's own loop, where its public calls run: AsyncLLM, used directly here, serves
     # only the loop it was made in.
     return asyncio.run_coroutine_threadsafe(scenario(), engine._loop).result()
-
-
-def main(checkpoint: str, out: str) -> None:
-    from actors.engines.base import SamplingSettings
-    from actors.engines.vllm_engine import VllmEngine
-
-    engine = VllmEngine(checkpoint, SamplingSettings(max_new_tokens=4), engine_args={"max_model_len": 1024})
-    result = prefix_cache_reset(engine)
-    engine.close()
-    Path(out).write_text(json.dumps(result))
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:])
