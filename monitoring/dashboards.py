@@ -57,6 +57,11 @@ class Panel:
     kind: str = "timeseries"  # or "stat" for single current values
     width: int = 12  # of 24 grid columns
     description: str = ""  # for panels on metrics outside the catalogue (the catalogue's help otherwise)
+    # When only some runs have data here, the reason (EDGE runs only, after a fault, ...): Grafana
+    # shows it instead of "No data", and tests/monitoring/test_dashboard_panels.py lets the panel be
+    # empty in its run. Every other panel must show data of a plain local run.
+    conditional: str = ""
+    axis_label: str = ""  # the y axis' label where the unit does not name it (steps, entries, ...)
 
 
 @dataclass
@@ -70,6 +75,22 @@ def _rate_by(name: str, by: str, **matchers: str) -> str:
     return f"sum by ({by}) (rate({m(name, **matchers)}{RATE}))"
 
 
+def share(part: str, whole: str) -> str:
+    """part / whole, 0 where the part has no series: a labelled counter exists only once it counted,
+    so a run without a single success would show no success rate at all, not 0%."""
+    return f"({part} or 0 * {whole}) / {whole}"
+
+
+# Why a panel may show no data in a healthy run (Panel.conditional).
+EDGE_ONLY = "EDGE runs only (run.edge: true)"
+AUTOSCALE_ONLY = "autoscaling runs only (actors.autoscale set)"
+REDIS_EXPORTER_ONLY = "with prometheus-redis-exporter beside Redis only (the KubeRay deploy)"
+
+
+def after_fault(what: str) -> str:
+    return f"after a fault only: {what}"
+
+
 OVERVIEW = Dashboard(
     "slea-overview",
     "SLEA-RL / Run overview",
@@ -78,7 +99,10 @@ OVERVIEW = Dashboard(
             "Success rate by task type",
             [
                 (
-                    f"{_rate_by('actor_episodes_total', 'task_type', outcome='success')} / {_rate_by('actor_episodes_total', 'task_type')}",
+                    share(
+                        _rate_by("actor_episodes_total", "task_type", outcome="success"),
+                        _rate_by("actor_episodes_total", "task_type"),
+                    ),
                     "{{task_type}}",
                 )
             ],
@@ -93,6 +117,7 @@ OVERVIEW = Dashboard(
                     "{{env}} mean",
                 )
             ],
+            axis_label="steps",
         ),
         Panel(
             "Policy version of the actors",
@@ -102,7 +127,11 @@ OVERVIEW = Dashboard(
             ],
             kind="stat",
         ),
-        Panel("Stream lag by consumer group", [(f"max by (group) ({m('stream_lag')})", "{{group}}")]),
+        Panel(
+            "Stream lag by consumer group",
+            [(f"max by (group) ({m('stream_lag')})", "{{group}}")],
+            axis_label="entries not yet read",
+        ),
         Panel("Throughput: env steps/s", [(f"sum({_rate_by('actor_env_steps_total', 'env')})", "steps/s")], unit="ops"),
         Panel(
             "Throughput: generated tokens/s",
@@ -112,6 +141,8 @@ OVERVIEW = Dashboard(
         Panel(
             "Component restarts (last hour)",
             [(f"sum by (component) (increase({m('run_component_restarts_total')}[1h]))", "{{component}}")],
+            axis_label="restarts",
+            conditional=after_fault("a component restarted"),
         ),
     ],
 )
@@ -123,7 +154,7 @@ ACTORS = Dashboard(
         Panel("Env steps/s by env", [(_rate_by("actor_env_steps_total", "env"), "{{env}}")], unit="ops"),
         Panel(
             "Generated tokens/s by worker",
-            [(_rate_by("actor_generated_tokens_total", "worker"), "{{worker}}")],
+            [(_rate_by("actor_generated_tokens_total", "worker"), "worker {{worker}}")],
             unit="ops",
         ),
         Panel("Episodes/s by outcome", [(_rate_by("actor_episodes_total", "outcome"), "{{outcome}}")], unit="ops"),
@@ -131,7 +162,7 @@ ACTORS = Dashboard(
             "Invalid actions per env step",
             [
                 (
-                    f"{_rate_by('actor_invalid_actions_total', 'env')} / {_rate_by('actor_env_steps_total', 'env')}",
+                    share(_rate_by("actor_invalid_actions_total", "env"), _rate_by("actor_env_steps_total", "env")),
                     "{{env}}",
                 )
             ],
@@ -143,19 +174,37 @@ ACTORS = Dashboard(
             [(_rate_by("actor_retrieval_requests_total", "outcome"), "{{outcome}}")],
             unit="ops",
         ),
-        Panel("Version lag by worker", [(f"max by (worker) ({m('actor_version_lag')})", "{{worker}}")]),
-        Panel("Policy version by worker", [(f"max by (worker) ({m('actor_policy_version')})", "{{worker}}")]),
+        Panel(
+            "Version lag by worker",
+            [(f"max by (worker) ({m('actor_version_lag')})", "worker {{worker}}")],
+            axis_label="versions behind the learner",
+        ),
+        Panel(
+            "Policy version by worker",
+            [(f"max by (worker) ({m('actor_policy_version')})", "worker {{worker}}")],
+            axis_label="policy version",
+        ),
         Panel(
             "Throttled fraction by reason",
             [(_rate_by("actor_throttled_seconds_total", "reason"), "{{reason}}")],
             unit="percentunit",
+            conditional="while actors hold new groups back only (the learner behind, stale weights, a full Redis)",
         ),
         Panel(
-            "Weight updates/min by worker", [(f"60 * {_rate_by('actor_weight_updates_total', 'worker')}", "{{worker}}")]
+            "Weight updates/min by worker",
+            [(f"60 * {_rate_by('actor_weight_updates_total', 'worker')}", "worker {{worker}}")],
+            axis_label="updates per minute",
         ),
         Panel(
             "Steps lost (last hour)",
-            [(f"sum by (worker, reason) (increase({m('actor_steps_lost_total')}[1h]))", "{{worker}} {{reason}}")],
+            [
+                (
+                    f"sum by (worker, reason) (increase({m('actor_steps_lost_total')}[1h]))",
+                    "worker {{worker}} {{reason}}",
+                )
+            ],
+            axis_label="steps",
+            conditional=after_fault("Redis refused steps or was away too long"),
         ),
         Panel(
             "Actor workers: desired and alive",
@@ -163,10 +212,13 @@ ACTORS = Dashboard(
                 (f"max({m('actor_pool_desired_workers')})", "desired"),
                 (f"max({m('actor_pool_alive_workers')})", "alive"),
             ],
+            axis_label="workers",
         ),
         Panel(
             "Autoscale decisions/h by kind",
             [(f"3600 * {_rate_by('actor_pool_autoscale_decisions_total', 'kind')}", "{{kind}}")],
+            axis_label="decisions per hour",
+            conditional=AUTOSCALE_ONLY,
         ),
     ],
 )
@@ -178,6 +230,7 @@ LIBRARY = Dashboard(
         Panel(
             "Experiences by zone and level",
             [(f"max by (zone, level) ({m('library_experiences')})", "{{zone}}/{{level}}")],
+            axis_label="experiences",
         ),
         Panel("Library version", [(f"max({m('library_version')})", "version")], kind="stat"),
         Panel(
@@ -204,18 +257,25 @@ LIBRARY = Dashboard(
             unit="ops",
         ),
         Panel("Extraction time", quantiles("library_extraction_seconds", "backend"), unit="s"),
-        Panel("Clusters by task type", [(f"max by (task_type) ({m('library_clusters')})", "{{task_type}}")]),
+        Panel(
+            "Clusters by task type",
+            [(f"max by (task_type) ({m('library_clusters')})", "{{task_type}}")],
+            axis_label="clusters",
+        ),
         Panel(
             "Cluster evictions/s",
             [(_rate_by("library_cluster_evictions_total", "task_type"), "{{task_type}}")],
             unit="ops",
+            conditional="at the cluster bound only (library.max_clusters per task type)",
         ),
         Panel(
             "Retrieval hit rate (items from the observation's cluster)",
             [
                 (
-                    f"sum(rate({m('library_retrievals_total', source='~cluster|mixed')}{RATE})) / "
-                    f"sum(rate({m('library_retrievals_total')}{RATE}))",
+                    share(
+                        f"sum(rate({m('library_retrievals_total', source='~cluster|mixed')}{RATE}))",
+                        f"sum(rate({m('library_retrievals_total')}{RATE}))",
+                    ),
                     "hit rate",
                 )
             ],
@@ -244,20 +304,34 @@ STREAM = Dashboard(
             ],
             unit="ops",
         ),
-        Panel("Lag by group (not yet delivered)", [(f"max by (group) ({m('stream_lag')})", "{{group}}")]),
-        Panel("Pending by group (delivered, not acked)", [(f"max by (group) ({m('stream_pending')})", "{{group}}")]),
-        Panel("Stream length", [(f"max by (stream) ({m('stream_length')})", "{{stream}}")]),
+        Panel(
+            "Lag by group (not yet delivered)",
+            [(f"max by (group) ({m('stream_lag')})", "{{group}}")],
+            axis_label="entries",
+        ),
+        Panel(
+            "Pending by group (delivered, not acked)",
+            [(f"max by (group) ({m('stream_pending')})", "{{group}}")],
+            axis_label="entries",
+        ),
+        Panel("Stream length", [(f"max by (stream) ({m('stream_length')})", "{{stream}}")], axis_label="entries"),
         Panel(
             "Dead-lettered (last hour)",
             [(f"sum by (group, reason) (increase({m('stream_dead_lettered_total')}[1h]))", "{{group}} {{reason}}")],
+            axis_label="entries",
+            conditional=after_fault("entries that kept failing or did not decode"),
         ),
         Panel(
             "Claimed from idle consumers/s",
             [(_rate_by("stream_records_claimed_total", "group"), "{{group}}")],
             unit="ops",
+            conditional=after_fault("a consumer stopped holding entries (a restart)"),
         ),
         Panel(
-            "Reconnects (last hour)", [(f"sum by (role) (increase({m('stream_reconnects_total')}[1h]))", "{{role}}")]
+            "Reconnects (last hour)",
+            [(f"sum by (role) (increase({m('stream_reconnects_total')}[1h]))", "{{role}}")],
+            axis_label="reconnects",
+            conditional=after_fault("Redis went away"),
         ),
         Panel("Trimmed entries/s", [(_rate_by("stream_trimmed_total", "stream"), "{{stream}}")], unit="ops"),
         # Redis itself, from prometheus-redis-exporter: not per run (one Redis holds every run's keys)
@@ -272,6 +346,7 @@ STREAM = Dashboard(
             unit="percentunit",
             description="redis_memory_used_bytes / redis_memory_max_bytes (prometheus-redis-exporter). "
             "At 1 Redis refuses writes (maxmemory-policy noeviction) and producers stop with a backpressure error.",
+            conditional=REDIS_EXPORTER_ONLY,
         ),
     ],
 )
@@ -290,6 +365,16 @@ def _shown(dashboards: list[Dashboard]) -> set[str]:
     return {re.sub(r"_(bucket|sum|count)$", "", name) if name not in CATALOGUE else name for name in names}
 
 
+# Catalogue metrics shown by default panels that only some runs fill, with why.
+DEFAULT_CONDITIONS = {
+    "learner_edge_kl": EDGE_ONLY,
+    "learner_edge_token_fraction": EDGE_ONLY,
+    "learner_edge_gated_fraction": EDGE_ONLY,
+    "learner_edge_gain": EDGE_ONLY,
+    "stream_backpressure_total": after_fault("Redis at maxmemory refused steps"),
+}
+
+
 def default_panel(name: str) -> Panel:
     """A plain panel for a catalogue metric no curated panel shows yet, so a metric is on a
     dashboard the moment it is defined: counters as rates, gauges as values, histograms as p50/p95."""
@@ -297,12 +382,16 @@ def default_panel(name: str) -> Panel:
     by = ", ".join(spec.labels)
     legend = " ".join(f"{{{{{label}}}}}" for label in spec.labels) or name
     title = name.replace("_", " ").capitalize()
+    conditional = DEFAULT_CONDITIONS.get(name, "")
     if spec.kind == "counter":
         expr = f"sum by ({by}) (rate({m(name)}{RATE}))" if by else f"sum(rate({m(name)}{RATE}))"
-        return Panel(f"{title.removesuffix(' total')} /s", [(expr, legend)], unit="ops")
+        return Panel(f"{title.removesuffix(' total')} /s", [(expr, legend)], unit="ops", conditional=conditional)
     if spec.kind == "gauge":
-        return Panel(title, [(f"max by ({by}) ({m(name)})" if by else f"max({m(name)})", legend)])
-    return Panel(title, quantiles(name, spec.labels[0] if spec.labels else ""))
+        unit = "percentunit" if name.endswith("_fraction") else "short"
+        axis = "per second" if name.endswith("_per_second") else ""
+        expr = f"max by ({by}) ({m(name)})" if by else f"max({m(name)})"
+        return Panel(title, [(expr, legend)], unit=unit, axis_label=axis, conditional=conditional)
+    return Panel(title, quantiles(name, spec.labels[0] if spec.labels else ""), conditional=conditional)
 
 
 def completed() -> list[Dashboard]:
@@ -360,15 +449,22 @@ def render(dashboard: Dashboard) -> dict:
         if x + panel.width > 24:
             x, y = 0, y + 8
         exprs = [expr for expr, _legend in panel.targets]
+        description = panel.description or _help_of(exprs)
+        defaults: dict = {"unit": panel.unit}
+        if panel.conditional:
+            description += f" Conditional: {panel.conditional}."
+            defaults["noValue"] = panel.conditional
+        if panel.axis_label:
+            defaults["custom"] = {"axisLabel": panel.axis_label}
         panels.append(
             {
                 "id": number,
                 "type": panel.kind,
                 "title": panel.title,
-                "description": panel.description or _help_of(exprs),
+                "description": description,
                 "datasource": {"type": "prometheus", "uid": "${datasource}"},
                 "gridPos": {"h": height, "w": panel.width, "x": x, "y": y},
-                "fieldConfig": {"defaults": {"unit": panel.unit}, "overrides": []},
+                "fieldConfig": {"defaults": defaults, "overrides": []},
                 "options": {"legend": {"displayMode": "list", "placement": "bottom"}}
                 if panel.kind == "timeseries"
                 else {},

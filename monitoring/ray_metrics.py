@@ -11,6 +11,11 @@ SessionName, Component, Version, otel_scope_*). The shipped scrape configs
 dashboards and alerts use one name wherever a component ran. WorkerId keeps the series of two
 actors on one node apart, which is also why a gauge here is per process.
 
+A Ray gauge is exported only in the report interval it was set in, and the agent drops it 2
+intervals later (Ray 2.60: 20 s by default): a gauge set once per learner step vanished between
+steps, so the learner's and the library's panels were empty most of the time (issue 39). Every
+gauge series this process set is therefore set again every REFRESH_S by one daemon thread.
+
 The backend is chosen by where the code runs: inside a Ray worker process (actor, task, Serve
 replica) `monitoring.metrics.metric` returns these wrappers automatically; a driver that wants its
 metrics on the node agent too calls `use_ray_metrics()` after `ray.init`, before it creates the
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 from monitoring.catalogue import PREFIX, MetricSpec
 
@@ -28,6 +34,8 @@ _lock = threading.Lock()
 _live: dict[str, _Series] = {}
 _chosen = False  # set by use_ray_metrics() in a driver
 _worker_mode: bool | None = None  # cached once Ray is up: a process never changes between driver and worker
+_refresher: threading.Thread | None = None  # started by the first gauge set
+REFRESH_S = 1.0  # Ray exports at most once a second and keeps a gauge 2 report intervals
 
 
 def use_ray_metrics() -> None:
@@ -116,12 +124,36 @@ class _Counter(_Series):
             self._backend.inc(float(amount), tags=self._series_tags())
 
 
+def refresh_gauges() -> None:
+    """Set every gauge series this process set again, to its last value (see the module docstring)."""
+    with _lock:
+        for live in _live.values():
+            if isinstance(live, _Gauge):
+                for key, value in live._values.items():
+                    live._backend.set(value, tags=dict(key))
+
+
+def _keep_gauges_alive() -> None:
+    """Start the refresh thread once (called with _lock held)."""
+    global _refresher
+    if _refresher is None:
+
+        def loop() -> None:
+            while True:
+                time.sleep(REFRESH_S)
+                refresh_gauges()
+
+        _refresher = threading.Thread(target=loop, name="slea-gauge-refresh", daemon=True)
+        _refresher.start()
+
+
 class _Gauge(_Series):
     def set(self, value: float) -> None:
         tags = self._series_tags()
         with _lock:
             self._values[tuple(sorted(tags.items()))] = float(value)
             self._backend.set(float(value), tags=tags)
+            _keep_gauges_alive()
 
     def inc(self, amount: float = 1.0) -> None:
         tags = self._series_tags()
@@ -130,6 +162,7 @@ class _Gauge(_Series):
             value = self._values.get(key, 0.0) + amount
             self._values[key] = value
             self._backend.set(value, tags=tags)
+            _keep_gauges_alive()
 
     def dec(self, amount: float = 1.0) -> None:
         self.inc(-amount)

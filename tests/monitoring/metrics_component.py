@@ -12,6 +12,7 @@ Prints "ready" once the metrics are recorded (serve: after the first round).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -32,7 +33,10 @@ class Sender:
     """The Ray actor of `ray` mode."""
 
     def send(self, redis_url: str, stream: str) -> None:
+        from monitoring.metrics import metric
+
         send(redis_url, stream)
+        metric("stream_lag").labels(stream=stream, group="promtest").set(7)  # set once: Ray must keep exporting it
 
 
 HANDLE_CALLS = {"ok": 4, "unpublished": 3, "broken": 2}  # a round: answered, LibraryNotPublished, RuntimeError
@@ -78,6 +82,9 @@ def main(mode: str, redis_url: str, stream: str, port: int) -> None:
     else:
         import ray
 
+        # the node's metrics agent reads the interval from the environment (not _system_config): with
+        # it, a gauge Ray stopped exporting is gone in 2 s, not 20
+        os.environ["RAY_metrics_report_interval_ms"] = "500"
         ray.init(
             num_cpus=2,
             include_dashboard=False,

@@ -5,18 +5,15 @@ export port (renamed from ray_slea_* by the shipped relabelling)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 import redis
 import yaml
-from required_tools import prometheus as prometheus_binary
+from prometheus_fixture import SHIPPED, LocalPrometheus, get_json, query, wait_for
 from required_tools import redis_exporter
 
 from slea.embedded_redis import EmbeddedRedis
@@ -24,25 +21,6 @@ from slea.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 COMPONENT = Path(__file__).with_name("metrics_component.py")
-SHIPPED = REPO / "monitoring/prometheus/prometheus.yml"
-
-
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return json.loads(response.read())
-
-
-def wait_for(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            result = condition()
-        except OSError:
-            result = None
-        if result:
-            return result
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def start_component(mode: str, redis_url: str, stream: str, port: int, tmp_path: Path) -> subprocess.Popen:
@@ -63,59 +41,9 @@ def start_component(mode: str, redis_url: str, stream: str, port: int, tmp_path:
 
 @pytest.fixture
 def prometheus(tmp_path):
-    """Start Prometheus on loopback with the shipped config; yields (api_url, set_targets)."""
-    binary = prometheus_binary()
-    processes = []
-
-    def start(targets: list[str], job_name: str = "slea-local") -> str:
-        config = yaml.safe_load(SHIPPED.read_text())
-        config["global"].update(scrape_interval="1s", evaluation_interval="1s")
-        config["rule_files"] = [str(SHIPPED.parent / name) for name in config["rule_files"]]
-        # no Kubernetes here: keep one job and point it at the live components (a Kubernetes job
-        # loses its pod discovery and the relabelling that reads pod metadata)
-        (job,) = [job for job in config["scrape_configs"] if job["job_name"] == job_name]
-        if job.pop("kubernetes_sd_configs", None) is not None:
-            job["relabel_configs"] = [
-                rule
-                for rule in job.get("relabel_configs", [])
-                if not any(label.startswith("__meta_kubernetes") for label in rule["source_labels"])
-            ]
-        job["static_configs"] = [{**(job.get("static_configs") or [{}])[0], "targets": targets}]
-        config["scrape_configs"] = [job]
-        config_path = tmp_path / "prometheus.yml"
-        config_path.write_text(yaml.safe_dump(config))
-        port = free_port()
-        log = (tmp_path / "prometheus.log").open("w")
-        processes.append(
-            subprocess.Popen(
-                [
-                    binary,
-                    f"--config.file={config_path}",
-                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        )
-        api = f"http://127.0.0.1:{port}/api/v1"
-        wait_for(
-            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2).status == 200,
-            30,
-            "prometheus to be ready",
-        )
-        return api
-
-    yield start
-    for process in processes:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-def query(api: str, promql: str) -> list[dict]:
-    answer = get_json(f"{api}/query?{urllib.parse.urlencode({'query': promql})}")
-    assert answer["status"] == "success", answer
-    return answer["data"]["result"]
+    """Start Prometheus on loopback with the shipped config: prometheus(targets, job_name) -> api_url."""
+    with LocalPrometheus(tmp_path) as server:
+        yield server.start
 
 
 def shipped_run_label() -> str:
@@ -163,6 +91,12 @@ def test_prometheus_scrapes_ray_metrics_under_slea_names(prometheus, redis_url, 
         assert labels["run"] == shipped_run_label() and "WorkerId" in labels and "NodeAddress" in labels
         assert not [name for name in labels if name.startswith("otel_scope")]
         assert not query(api, '{__name__=~"ray_slea_.*"}'), "ray_slea_* must be renamed to slea_*"
+        # A gauge set once stays exported: a worker sends a gauge only in the report interval it was
+        # set in and the agent drops it 2 intervals later (here 2 s), unless monitoring/ray_metrics.py
+        # sets it again.
+        time.sleep(6)
+        (gauge,) = query(api, 'slea_stream_lag{stream="slea:promtest-ray:steps",group="promtest"}')
+        assert float(gauge["value"][1]) == 7
     finally:
         component.kill()
         component.wait()

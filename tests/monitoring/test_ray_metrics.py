@@ -61,6 +61,26 @@ def test_gauge_set_inc_dec_per_series():
     assert [call[:2] for call in backend.calls] == [("set", 5.0), ("set", 7.0), ("set", -1.0)]
 
 
+def test_every_gauge_series_is_set_again_so_ray_keeps_exporting_it(monkeypatch):
+    """Ray exports a gauge only in the interval it was set in and drops it 2 intervals later: a
+    learner gauge set once a step vanished between steps. The refresh sets each series again."""
+    monkeypatch.setattr(ray_metrics, "_refresher", object())  # no thread here: the test refreshes by hand
+    gauge, backend = wrapped("gauge")
+    counter, counter_backend = wrapped("counter")
+    monkeypatch.setitem(ray_metrics._live, "test_gauge", gauge)
+    monkeypatch.setitem(ray_metrics._live, "test_counter", counter)
+    gauge.labels(stream="s", group="a").set(5)
+    gauge.labels(stream="s", group="b").inc(2)
+    counter.labels(stream="s", group="a").inc()
+    backend.calls.clear()
+    ray_metrics.refresh_gauges()
+    assert {(kind, value, tuple(tags.items())) for kind, value, tags in backend.calls} == {
+        ("set", 5.0, (("group", "a"), ("stream", "s"))),
+        ("set", 2.0, (("group", "b"), ("stream", "s"))),
+    }
+    assert len(counter_backend.calls) == 1  # a counter's total stays in Ray: nothing is sent again
+
+
 def test_histogram_and_unlabelled_metrics():
     histogram, backend = wrapped("histogram", labels=())
     histogram.observe(0.25)
