@@ -72,6 +72,10 @@ def test_train_writes_a_complete_run_and_resume_continues_the_version_line(tmp_p
         "--set",
         "eval.every=2",
         "--set",
+        "eval.before_training=true",  # the whole evaluation path (configs/local.yaml trades both away for speed)
+        "--set",
+        "eval.policy_alone=true",
+        "--set",
         "eval.panel_size=2",
         "--set",
         "eval.samples_per_task=1",
