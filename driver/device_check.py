@@ -117,7 +117,7 @@ def learner_step(
     them (learner/bench.py's model_flops, matmul_peak and step timing)."""
     from learner.bench import matmul_peak, model_flops, resident_bytes, synthetic_samples, timed_with_peak
     from learner.engine import PolicyTrainer
-    from learner.memory import GIB, count_for
+    from learner.memory import GIB, dtype_name, reference_dtype
     from slea.config import load_config
 
     device = _device()
@@ -126,8 +126,7 @@ def learner_step(
     cfg = gpu_learner_config(device)
     longest_row = prompt_tokens + response_tokens
     trainer = PolicyTrainer(model, cfg, tokenizer.pad_token_id, longest_row=longest_row)
-    dtype = str(trainer.compute_dtype).removeprefix("torch.")
-    counted = count_for(model, cfg, world_size=1, compute_dtype=dtype, longest_row=longest_row)
+    counted = trainer.memory  # learner/memory.py's count, taken as the trainer started
     samples = synthetic_samples(rows, prompt_tokens, response_tokens, shape["vocab_size"])
     flops = model_flops(model, samples, cfg, seed=0)
     stats = [trainer.train_step(samples)]  # warm-up: kernels chosen, AdamW's moments allocated
@@ -142,15 +141,14 @@ def learner_step(
     tokens = sum(sample.length for sample in samples)
     total = torch.cuda.get_device_properties(device).total_memory if cuda else None
     share = load_config(GPU_CONFIG).learner.num_gpus  # what configs/gpu.yaml gives the learner
-    reference = "none" if cfg.kl_coef == 0 else (dtype if cfg.reference_dtype == "auto" else cfg.reference_dtype)
     return {
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "model": "Qwen2.5-1.5B's shape, random weights" if shape == QWEN25_15B else f"random {shape}",
         "params": sum(param.numel() for param in model.parameters()),
-        "compute_dtype": dtype,
+        "compute_dtype": dtype_name(trainer.compute_dtype),
         "zero_stage": cfg.zero_stage,
         "activation_checkpointing": cfg.activation_checkpointing,
-        "reference_dtype": reference,
+        "reference_dtype": dtype_name(reference_dtype(cfg, trainer.compute_dtype)),
         "micro_batch_tokens": cfg.micro_batch_tokens,
         "mini_batches": cfg.mini_batches,
         "rows": rows,
@@ -188,7 +186,7 @@ def engine_and_handoff(shape: dict = QWEN25_15B, rows: int = 8, prompt_tokens: i
     from actors.engines.transformers_engine import TransformersEngine
     from learner.batch import TrainSample
     from learner.engine import PolicyTrainer
-    from learner.memory import GIB
+    from learner.memory import GIB, dtype_name
 
     device = _device()
     model, tokenizer = random_policy(shape, device)
@@ -236,8 +234,8 @@ def engine_and_handoff(shape: dict = QWEN25_15B, rows: int = 8, prompt_tokens: i
     generated = sum(len(sample.response_ids) for sample in samples)
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "engine": f"transformers, {str(engine_dtype).removeprefix('torch.')}",
-        "learner_compute_dtype": str(trainer.compute_dtype).removeprefix("torch."),
+        "engine": f"transformers, {dtype_name(engine_dtype)}",
+        "learner_compute_dtype": dtype_name(trainer.compute_dtype),
         "rows": rows,
         "prompt_tokens": prompt_tokens,
         "generated_tokens": generated,

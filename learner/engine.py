@@ -40,7 +40,7 @@ from learner.batch import MicroBatch, TrainSample, collate, plan_micro_batches, 
 from learner.device import training_device
 from learner.edge import distill_advantages, distill_log_ratio
 from learner.loss import gather_logprobs, ppo_loss, token_entropy
-from learner.memory import count_for, device_budget, refuse_unless_it_fits
+from learner.memory import count_for, device_budget, reference_dtype, refuse_unless_it_fits
 from learner.precision import compute_context, deepspeed_autocast_section, use_float_head
 from learner.state_copy import cpu_copy
 from slea.config import LearnerConfig
@@ -196,9 +196,8 @@ class PolicyTrainer:
         # Counted before anything lands on the device: a setting that cannot fit stops here, naming the
         # term that overflows, not minutes later with an out-of-memory error mid-step.
         self.memory = count_for(
-            model, cfg, world_size=self.world_size, compute_dtype=str(self.compute_dtype).removeprefix("torch."),
-            longest_row=longest_row,
-        )  # fmt: skip
+            model, cfg, world_size=self.world_size, compute_dtype=self.compute_dtype, longest_row=longest_row
+        )
         refuse_unless_it_fits(self.memory, device_budget(self.device, cfg.num_gpus), str(self.device))
         model.config.use_cache = False
         use_float_head(model)
@@ -207,8 +206,8 @@ class PolicyTrainer:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # The reference is the policy as loaded: frozen, never stepped, inference only, computed as the
         # policy is; its weights in learner.reference_dtype (auto: the compute dtype).
-        reference_dtype = self.compute_dtype if cfg.reference_dtype == "auto" else getattr(torch, cfg.reference_dtype)
-        self.reference = _frozen_copy(model, self.device, reference_dtype) if cfg.kl_coef > 0 else None
+        held_as = reference_dtype(cfg, self.compute_dtype)
+        self.reference = None if held_as is None else _frozen_copy(model, self.device, held_as)
         # Fused AdamW: one kernel over all parameters, on the CPU too (torch's CPU AdamW is otherwise a
         # per-tensor loop). Same update as the unfused one (tests/learner/test_precision.py).
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), weight_decay=0.0, fused=True)

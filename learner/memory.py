@@ -135,25 +135,38 @@ class LearnerMemoryError(RuntimeError):
     """The learner's settings cannot fit the memory of its device."""
 
 
-def count_for(model, cfg, *, world_size: int, compute_dtype: str, longest_row: int = 0) -> LearnerMemory:
+def reference_dtype(cfg, compute_dtype: torch.dtype) -> torch.dtype | None:
+    """The frozen KL reference's dtype for `cfg` (LearnerConfig): none without the KL term; `auto`
+    follows the compute dtype. The trainer holds its reference in it, and the count counts it."""
+    if cfg.kl_coef == 0:
+        return None
+    return compute_dtype if cfg.reference_dtype == "auto" else getattr(torch, cfg.reference_dtype)
+
+
+def dtype_name(dtype: torch.dtype | None) -> str:
+    """ "float32", "bfloat16", ... or "none" (no tensor held)."""
+    return "none" if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def count_for(
+    model, cfg, *, world_size: int, compute_dtype: torch.dtype, longest_row: int = 0, response_tokens: int | None = None
+) -> LearnerMemory:
     """The count for `model` (a transformers causal LM, built) trained with `cfg` (LearnerConfig).
 
     A micro-batch holds at most max(micro_batch_tokens, the longest row) padded tokens
     (learner/batch.py gives a longer row a micro-batch of its own); `longest_row` is
     model.max_prompt_tokens + model.max_new_tokens where the caller knows them. Every token is
-    counted a response (the bound): a micro-batch's response share is not known before its rows."""
+    counted a response (the bound) unless `response_tokens` says how many of a micro-batch's are:
+    its response share is not known before its rows."""
     params = sum(param.numel() for param in model.parameters())  # parameters() yields a tied weight once
-    compute_bytes = 2 if compute_dtype == "bfloat16" else 4
-    reference = (
-        "none" if cfg.kl_coef == 0 else (compute_dtype if cfg.reference_dtype == "auto" else cfg.reference_dtype)
-    )
     return learner_memory(
         shape_of(model.config, params),
         zero_stage=cfg.zero_stage,
         ranks=world_size,
-        compute_bytes=compute_bytes,
-        reference=reference,
+        compute_bytes=compute_dtype.itemsize,
+        reference=dtype_name(reference_dtype(cfg, compute_dtype)),
         micro_batch_tokens=max(cfg.micro_batch_tokens, longest_row),
+        response_tokens=response_tokens,
         checkpointing=cfg.activation_checkpointing,
     )
 

@@ -87,20 +87,13 @@ def counted_gb(trainer, tokens: int, responses: int) -> float:
     """learner/memory.py's count for `trainer`'s settings and the micro-batch it trained (`tokens`
     padded tokens, `responses` of them response positions): the floor its measured peak is checked
     against."""
-    from learner.memory import learner_memory, shape_of
+    from learner.memory import count_for
 
-    module = trainer.module
-    reference = "none" if trainer.reference is None else str(next(trainer.reference.parameters()).dtype)[6:]
-    memory = learner_memory(
-        shape_of(module.config, sum(param.numel() for param in module.parameters())),
-        zero_stage=trainer.cfg.zero_stage,
-        ranks=trainer.world_size,
-        compute_bytes=trainer.compute_dtype.itemsize,
-        reference=reference,
-        micro_batch_tokens=tokens,
+    trained = trainer.cfg.model_copy(update={"micro_batch_tokens": tokens})
+    memory = count_for(
+        trainer.module, trained, world_size=trainer.world_size, compute_dtype=trainer.compute_dtype,
         response_tokens=responses,
-        checkpointing=trainer.cfg.activation_checkpointing,
-    )
+    )  # fmt: skip
     return memory.total / 2**30
 
 

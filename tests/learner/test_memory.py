@@ -100,7 +100,7 @@ def test_gpu_yaml_fits_its_share_of_an_80gb_gpu_by_the_count_it_quotes():
     config = load_config(REPO / "configs/gpu.yaml")
     longest_row = config.model.max_prompt_tokens + config.model.max_new_tokens
     model = qwen25_15b_on_meta()
-    memory = count_for(model, config.learner, world_size=1, compute_dtype="bfloat16", longest_row=longest_row)
+    memory = count_for(model, config.learner, world_size=1, compute_dtype=torch.bfloat16, longest_row=longest_row)
     assert memory.reference == 2 * 1_543_714_304 and memory.masters == 0  # a bf16 reference, ZeRO-0
     assert memory.activations == 2176 * (28 * 4 * 1536 + 2 * 4 * 1536 + 2 * (5 * 1536 + 4 * 256 + 4 * 8960))
     budget = int(AN_80GB_GPU * config.learner.num_gpus)
@@ -112,19 +112,19 @@ def test_gpu_yaml_fits_its_share_of_an_80gb_gpu_by_the_count_it_quotes():
     before = config.learner.model_copy(
         update=dict(reference_dtype="float32", activation_checkpointing=False, micro_batch_tokens=4096, zero_stage=2)
     )
-    old = count_for(model, before, world_size=1, compute_dtype="bfloat16", longest_row=longest_row)
+    old = count_for(model, before, world_size=1, compute_dtype=torch.bfloat16, longest_row=longest_row)
     with pytest.raises(LearnerMemoryError, match=r"needs 56.9 GiB .* has 39.5 GiB: it overflows at activations"):
         refuse_unless_it_fits(old, budget, "an 80 GB GPU")
 
 
 def test_the_longest_row_sets_the_micro_batch_when_it_is_longer():
     model = qwen25_15b_on_meta()
-    short = count_for(model, LearnerConfig(micro_batch_tokens=1000), world_size=1, compute_dtype="float32")
+    short = count_for(model, LearnerConfig(micro_batch_tokens=1000), world_size=1, compute_dtype=torch.float32)
     long = count_for(
-        model, LearnerConfig(micro_batch_tokens=1000), world_size=1, compute_dtype="float32", longest_row=3000
+        model, LearnerConfig(micro_batch_tokens=1000), world_size=1, compute_dtype=torch.float32, longest_row=3000
     )
     assert long.logits == 3 * short.logits and long.activations == 3 * short.activations
-    without_kl = count_for(model, LearnerConfig(kl_coef=0.0), world_size=1, compute_dtype="bfloat16")
+    without_kl = count_for(model, LearnerConfig(kl_coef=0.0), world_size=1, compute_dtype=torch.bfloat16)
     assert without_kl.reference == 0
 
 
