@@ -41,11 +41,15 @@ class StepTimers:
     """Where an actor's wall time goes (seconds, summed over steps), and what its steps showed."""
 
     generation_s: float = 0.0  # awaiting the engine (episodes overlap: can exceed wall time)
+    prefill_s: float = 0.0  # of generation_s: the engine reading the prompt (batched: its batch's, per episode)
+    decode_s: float = 0.0  # of generation_s: the engine writing the response; the rest queued for a batch slot
     env_s: float = 0.0  # inside env.reset / env.step
     retrieval_wait_s: float = 0.0  # awaiting the library (episodes overlap: can exceed wall time)
     overhead_s: float = 0.0  # ours, run serially in the event loop: prompt building, records, XADD
     steps: int = 0
-    tokens: int = 0
+    tokens: int = 0  # response tokens generated
+    prompt_tokens: int = 0  # prompt tokens generated from
+    cached_prompt_tokens: int = 0  # of prompt_tokens: held by the engine's prefix cache (vLLM), not prefilled again
     strategy_steps: int = 0  # steps whose prompt showed at least one strategy (E+)
     warning_steps: int = 0  # steps whose prompt showed at least one warning (E-)
 
@@ -129,6 +133,10 @@ async def play_episode(
         result.success = result.success or (outcome.won and outcome.done)
         timers.steps += 1
         timers.tokens += len(generation.response_ids)
+        timers.prompt_tokens += len(generation.prompt_ids)
+        timers.cached_prompt_tokens += generation.cached_prompt_tokens
+        timers.prefill_s += generation.prefill_s
+        timers.decode_s += generation.decode_s
         timers.strategy_steps += any(experience.zone == "strategy" for experience in injected)
         timers.warning_steps += any(experience.zone == "warning" for experience in injected)
         timers.overhead_s += time.perf_counter() - after_env

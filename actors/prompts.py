@@ -1,4 +1,5 @@
-"""Per-step prompts: retrieved experiences (Prompt A) + the observation, in one of two styles.
+"""Per-step prompts: retrieved experiences (Prompt A) + the observation, in one of two styles
+and one of two layouts.
 
 - `reasoning` is verl-agent's prompt: think inside <think>, then answer inside <action>. Models
   of about 1B parameters and up follow it.
@@ -6,6 +7,15 @@
   actions one per line, no reasoning, and the reply opened with `<action>` (the response
   prefix, part of the prompt ids). SmolLM2-135M-Instruct gives an admissible action in 0 of 16
   first steps with `reasoning` and in 11 of 16 with `compact` (alfworld panel, temperature 0.7).
+
+Layouts (where the experiences go; `actors.prompt_layout`):
+- `experiences_first`: in the system message, before everything else (every study so far ran it).
+  The experiences change from step to step, so two prompts part at the first lesson that differs,
+  and an engine's prefix cache (vLLM's) holds little more of a step's prompt than the lessons' header.
+- `prefix_stable`: the model's own system message, then the instructions, the task and the history,
+  and the experiences just before the current observation, which they are about: consecutive
+  prompts of an episode, and the prompts of a group's episodes, share everything up to the
+  history, which vLLM's prefix cache then holds (`actor_cached_prompt_tokens_total`).
 
 Token in, token out: the prompt is tokenised here once with the model's chat template, and
 exactly those ids are generated from and recorded in the StepRecord; nothing downstream ever
@@ -20,6 +30,7 @@ from typing import Literal
 from transformers import PreTrainedTokenizerBase
 
 PromptStyle = Literal["reasoning", "compact"]
+PromptLayout = Literal["experiences_first", "prefix_stable"]
 
 EXPERIENCE_HEADER = (
     "You can draw on experiences from earlier episodes in states like the current one. "
@@ -28,7 +39,7 @@ EXPERIENCE_HEADER = (
 
 OBSERVATION_TEMPLATE = """Your task is to: {task}
 Prior to this step, you have already taken {steps_taken} step(s). {history}
-You are now at step {current_step} and your current observation is: {observation}
+{experiences}You are now at step {current_step} and your current observation is: {observation}
 {admissible}
 Now it's your turn to take an action.
 You should first reason step-by-step about the current situation. This reasoning process MUST be enclosed within <think> </think> tags.
@@ -44,7 +55,7 @@ Reply: <action>go to shelf 1</action>
 
 Now you.
 Task: {task}
-{history}Observation: {observation}
+{history}{experiences}Observation: {observation}
 {admissible}Reply with one admissible action inside <action> </action> tags."""
 
 COMPACT_RESPONSE_PREFIX = "<action>"  # the compact style opens the reply; the model writes the action
@@ -100,9 +111,12 @@ def observation_text(
     admissible_actions: list[str],
     history_length: int,
     style: PromptStyle = "reasoning",
+    experiences: str = "",
 ) -> str:
+    """The user message; `experiences` (a block, or "") goes after the history, before the observation."""
+    experiences = f"{experiences}\n" if experiences else ""
     if style == "compact":
-        return compact_observation_text(history, observation, admissible_actions, history_length)
+        return compact_observation_text(history, observation, admissible_actions, history_length, experiences)
     steps_taken = len(history.actions)
     keep = min(history_length, steps_taken)
     if keep:
@@ -125,11 +139,12 @@ def observation_text(
         current_step=steps_taken + 1,
         observation=observation,
         admissible=admissible,
+        experiences=experiences,
     )
 
 
 def compact_observation_text(
-    history: TurnHistory, observation: str, admissible_actions: list[str], history_length: int
+    history: TurnHistory, observation: str, admissible_actions: list[str], history_length: int, experiences: str = ""
 ) -> str:
     steps_taken = len(history.actions)
     keep = min(history_length, steps_taken)
@@ -145,7 +160,11 @@ def compact_observation_text(
         "Admissible actions:\n" + "".join(f"{action}\n" for action in admissible_actions) if admissible_actions else ""
     )
     return COMPACT_TEMPLATE.format(
-        task=_instruction(history.task_text), history=history_lines, observation=observation, admissible=admissible
+        task=_instruction(history.task_text),
+        history=history_lines,
+        experiences=experiences,
+        observation=observation,
+        admissible=admissible,
     )
 
 
@@ -160,8 +179,10 @@ class PromptBuilder:
         max_prompt_tokens: int = 2048,
         max_experience_tokens: int = 200,
         style: PromptStyle = "reasoning",
+        layout: PromptLayout = "experiences_first",
     ):
         self.tokenizer = tokenizer
+        self.layout = layout
         self.history_length = history_length
         self.max_prompt_tokens = max_prompt_tokens
         self.max_experience_tokens = max_experience_tokens
@@ -182,6 +203,7 @@ class PromptBuilder:
             max_prompt_tokens=config.model.max_prompt_tokens,
             max_experience_tokens=config.library.max_tokens,
             style=config.actors.prompt_style,
+            layout=config.actors.prompt_layout,
         )
 
     def fit_experiences(self, experiences: list[Experience]) -> list[Experience]:
@@ -203,15 +225,12 @@ class PromptBuilder:
     ) -> tuple[list[int], list[Experience]]:
         """(prompt token ids, the experiences actually in it). History shrinks first when over budget."""
         experiences = self.fit_experiences(experiences)
-        system = experience_block(experiences)
+        block = experience_block(experiences)
+        system, inline = (block, "") if self.layout == "experiences_first" else ("", block)
         for history_length in range(self.history_length, -1, -1):
             messages = [{"role": "system", "content": system}] if system else []
-            messages.append(
-                {
-                    "role": "user",
-                    "content": observation_text(history, observation, admissible_actions, history_length, self.style),
-                }
-            )
+            user = observation_text(history, observation, admissible_actions, history_length, self.style, inline)
+            messages.append({"role": "user", "content": user})
             ids = self._apply_template(messages) + self._prefix_ids
             if len(ids) <= self.max_prompt_tokens:
                 return ids, experiences

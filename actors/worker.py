@@ -67,6 +67,20 @@ class WorkerStats:
     timers: StepTimers = field(default_factory=StepTimers)
 
 
+@dataclass(frozen=True)
+class _EngineTotals:
+    """The engine's share of a worker's StepTimers, as the Prometheus counters carry it."""
+
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+
+    @classmethod
+    def of(cls, timers: StepTimers) -> _EngineTotals:
+        return cls(timers.prefill_s, timers.decode_s, timers.prompt_tokens, timers.cached_prompt_tokens)
+
+
 def training_tasks(env: TextEnv, config: SleaConfig, seed: int) -> TaskSampler:
     """The worker's training tasks: every task an evaluation of this run plays is held out."""
     return TaskSampler(
@@ -114,6 +128,7 @@ class ActorWorker:
         self._sync_full_version = -1  # synchronous mode: newest version whose groups are all claimed
         self._groups_in_play = 0  # groups between their first episode's start and their last episode's end
         self._busy_since = 0.0  # perf_counter when _groups_in_play last went from 0 to 1
+        self._exported_engine = _EngineTotals()  # what the engine counters already carry of self.stats.timers
         if config.actors.synchronous and weights is None:
             raise ValueError("actors.synchronous needs a weight subscriber: the worker waits for each new version")
         template_env = self._new_env()
@@ -318,6 +333,7 @@ class ActorWorker:
         await self.outbox.drain()  # the episode's last step is in the stream before it leaves the in-flight list
         self._write(lambda: self.client.hdel(self._inflight_key, spec.episode_id))
         self._count(result)
+        self._export_engine_totals()
         return result
 
     def _count(self, result: EpisodeResult) -> None:
@@ -330,6 +346,20 @@ class ActorWorker:
         metric("actor_env_steps_total").labels(env=task.env_name, task_type=task.task_type).inc(result.steps)
         if result.invalid_steps:
             metric("actor_invalid_actions_total").labels(env=task.env_name).inc(result.invalid_steps)
+
+    def _export_engine_totals(self) -> None:
+        """Move the engine's phase seconds and prompt tokens from the timers into the Prometheus
+        counters: the timers are shared by the episodes in play, so what is new since the last
+        export goes in, whichever episode it came from."""
+        now = _EngineTotals.of(self.stats.timers)
+        done, self._exported_engine = self._exported_engine, now
+        for phase in ("prefill", "decode"):
+            seconds = getattr(now, f"{phase}_s") - getattr(done, f"{phase}_s")
+            metric("actor_engine_seconds_total").labels(worker=self._label, phase=phase).inc(seconds)
+        metric("actor_prompt_tokens_total").labels(worker=self._label).inc(now.prompt_tokens - done.prompt_tokens)
+        metric("actor_cached_prompt_tokens_total").labels(worker=self._label).inc(
+            now.cached_prompt_tokens - done.cached_prompt_tokens
+        )
 
     # -- stream output ----------------------------------------------------------------------------
 

@@ -201,24 +201,32 @@ def time_line(entries: list[dict], pool: list[dict], startup_s: float, wall_s: f
     (training, and idle waiting for groups), the held-out evaluations, and the actors (busy: the
     engine, the environments, the library; held back by redis.max_lag while the learner is behind).
     The engine's seconds are summed over the episodes an actor plays at once, so they can exceed
-    its busy time. `entries`: metrics.jsonl; `pool`: the actor workers' summaries."""
+    its busy time; they split into prefill (reading prompts), decode (writing responses) and
+    queued (waiting for the batch in flight), and with vLLM the share of prompt tokens its prefix
+    cache held. `entries`: metrics.jsonl; `pool`: the actor workers' summaries."""
     updates = [entry for entry in entries if "learner/step_seconds" in entry]
     trained = sum(entry["learner/step_seconds"] for entry in updates)
     waited = sum(entry.get("learner/wait_seconds", 0.0) for entry in updates)
     evaluations = [entry["eval/seconds"] for entry in entries if "eval/seconds" in entry]
-    timers = {key: sum(summary["timers"][key] for summary in pool) for key in _ACTOR_TIMERS}
+    timers = {key: sum(summary["timers"][key] for summary in pool) for key in _SUMMED_TIMERS}
     busy, throttled = (sum(summary.get(key, 0.0) for summary in pool) for key in ("busy_s", "throttled_s"))
     actor = ", ".join(f"{name} {timers[key]:.0f}" for key, name in _ACTOR_TIMERS.items())
+    queued = timers["generation_s"] - timers["prefill_s"] - timers["decode_s"]
+    engine = f"engine: prefill {timers['prefill_s']:.0f}, decode {timers['decode_s']:.0f}, queued {queued:.0f}"
+    if any(summary.get("engine") == "vllm" for summary in pool):  # the transformers engine has no prefix cache
+        cached = timers["cached_prompt_tokens"] / max(timers["prompt_tokens"], 1)
+        engine += f"; prefix cache {cached:.0%} of {timers['prompt_tokens']} prompt tokens"
     return (
         f"time, of {wall_s:.0f} s: start-up {startup_s:.0f} s | learner {trained:.0f} s training "
         f"({len(updates)} updates), {waited:.0f} s waiting for groups | held-out evaluation "
         f"{sum(evaluations):.0f} s ({' + '.join(f'{seconds:.0f}' for seconds in evaluations) or 'none'}) | "
-        f"actors busy {busy:.0f} s ({actor}), held back {throttled:.0f} s"
+        f"actors busy {busy:.0f} s ({actor}; {engine}), held back {throttled:.0f} s"
     )
 
 
 # StepTimers fields (actors/episode.py) and how the time line names them
 _ACTOR_TIMERS = {"generation_s": "engine", "env_s": "environments", "retrieval_wait_s": "library", "overhead_s": "ours"}
+_SUMMED_TIMERS = (*_ACTOR_TIMERS, "prefill_s", "decode_s", "prompt_tokens", "cached_prompt_tokens")
 
 # (metrics.jsonl key, how the summary names it)
 _EVAL_KEYS = (

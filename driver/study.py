@@ -61,9 +61,11 @@ VIEWS = {"deployed": "sampled, with the run's library where it has one", "policy
 PROTOCOL = {
     "envs": None,
     "model": ("name", "temperature", "max_new_tokens", "max_prompt_tokens"),
-    "actors": ("prompt_style", "history_length"),
+    "actors": ("prompt_style", "prompt_layout", "history_length"),
     "eval": ("samples_per_task",),
 }
+# What a key of PROTOCOL was before the config had it: a run kept then played that.
+PROTOCOL_BEFORE_THE_KEY = {("actors", "prompt_layout"): "experiences_first"}
 TASK_COLUMN = "over tasks (evaluation noise for these seeds)"
 
 
@@ -141,7 +143,11 @@ def protocol_of(run_dir: Path) -> str:
     protocol = {}
     for section, keys in PROTOCOL.items():
         values = config.get(section) or {}
-        protocol[section] = values if keys is None else {key: values.get(key) for key in keys}
+        protocol[section] = (
+            values
+            if keys is None
+            else {key: values.get(key, PROTOCOL_BEFORE_THE_KEY.get((section, key))) for key in keys}
+        )
     return json.dumps(protocol, sort_keys=True)
 
 

@@ -147,6 +147,19 @@ CATALOGUE: dict[str, MetricSpec] = {
         ),
         MetricSpec("actor_env_steps_total", "counter", "Environment steps played.", ("env", "task_type")),
         MetricSpec("actor_generated_tokens_total", "counter", "Response tokens generated.", ("worker",)),
+        MetricSpec("actor_prompt_tokens_total", "counter", "Prompt tokens generated from.", ("worker",)),
+        MetricSpec(
+            "actor_cached_prompt_tokens_total",
+            "counter",
+            "Prompt tokens the engine's prefix cache already held (vLLM; the transformers engine has no cache: 0).",
+            ("worker",),
+        ),
+        MetricSpec(
+            "actor_engine_seconds_total",
+            "counter",
+            "Engine seconds by phase (prefill: reading the prompt, decode: writing the response), summed over requests.",
+            ("worker", "phase"),
+        ),
         MetricSpec(
             "actor_episodes_total",
             "counter",

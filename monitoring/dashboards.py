@@ -159,6 +159,33 @@ ACTORS = Dashboard(
         ),
         Panel("Episodes/s by outcome", [(_rate_by("actor_episodes_total", "outcome"), "{{outcome}}")], unit="ops"),
         Panel(
+            "Engine time by phase and worker",
+            [
+                (
+                    f"sum by (worker, phase) (rate({m('actor_engine_seconds_total')}{RATE}))",
+                    "worker {{worker}} {{phase}}",
+                )
+            ],
+            axis_label="engine seconds per second",
+            description="Prefill (reading prompts) and decode (writing responses), summed over the requests in "
+            "flight: above 1 while requests share a batch.",
+        ),
+        Panel(
+            "Prefix-cache hit rate by worker",
+            [
+                (
+                    share(
+                        _rate_by("actor_cached_prompt_tokens_total", "worker"),
+                        _rate_by("actor_prompt_tokens_total", "worker"),
+                    ),
+                    "worker {{worker}}",
+                )
+            ],
+            unit="percentunit",
+            description="Share of prompt tokens whose KV vLLM's prefix cache already held (not prefilled again); "
+            "0 with the transformers engine, which has no prefix cache. actors.prompt_layout: prefix_stable raises it.",
+        ),
+        Panel(
             "Invalid actions per env step",
             [
                 (

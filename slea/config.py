@@ -254,6 +254,10 @@ class ActorsConfig(_Section):
         "reasoning",
         description="reasoning: verl-agent's think-then-act prompt; compact: one format example, action only (small models).",
     )
+    prompt_layout: Literal["experiences_first", "prefix_stable"] = Field(
+        "experiences_first",
+        description="Where the experiences go: experiences_first, in the system message (the studies' layout); prefix_stable, after the task and history, before the observation, so that vLLM's prefix cache holds the rest of the prompt (actors/prompts.py).",
+    )
     retrieval_mode: Literal["step", "task", "none"] = Field(
         "step", description="Retrieve every step, once per episode, or never."
     )

@@ -32,6 +32,9 @@ class Generation:
     text: str  # decoded response
     policy_version: int  # weights version that generated it
     finish_reason: str  # "stop" (stop text or EOS) or "length"
+    prefill_s: float = 0.0  # engine seconds from starting on it to its first token (transformers: the batch's)
+    decode_s: float = 0.0  # engine seconds from its first token to its last (transformers: the batch's)
+    cached_prompt_tokens: int = 0  # prompt tokens whose KV the engine's prefix cache held (vLLM; transformers has none)
 
 
 class GenerationEngine(ABC):

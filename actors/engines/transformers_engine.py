@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from actors.batching import MicroBatcher
 from actors.engines.base import Generation, GenerationEngine, SamplingSettings, check_weight_names
@@ -84,6 +85,8 @@ class TransformersEngine(GenerationEngine):
             [[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long, device=device
         )
         greedy = self.sampling.temperature <= 0
+        clock = _FirstTokenClock()
+        started = time.perf_counter()
         output = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention,
@@ -97,17 +100,19 @@ class TransformersEngine(GenerationEngine):
             pad_token_id=pad,
             output_logits=True,
             return_dict_in_generate=True,
+            logits_processor=LogitsProcessorList([clock]),
         )
+        timing = {"prefill_s": clock.first - started, "decode_s": time.perf_counter() - clock.first}
         new_tokens = output.sequences[:, width:]
         scale = 1.0 if greedy else self.sampling.temperature
         logits = torch.stack(output.logits, dim=1).float() / scale  # [B, T, V]
         token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1).cpu()
         return [
-            self._finish(prompt, new_tokens[row].tolist(), token_logprobs[row].numpy())
+            self._finish(prompt, new_tokens[row].tolist(), token_logprobs[row].numpy(), timing)
             for row, prompt in enumerate(prompts)
         ]
 
-    def _finish(self, prompt: list[int], tokens: list[int], logprobs: np.ndarray) -> Generation:
+    def _finish(self, prompt: list[int], tokens: list[int], logprobs: np.ndarray, timing: dict) -> Generation:
         """Cut a row at its end: EOS (kept) or the end of the token completing a stop text."""
         end, reason = len(tokens), "length"
         eos = self.tokenizer.eos_token_id
@@ -124,6 +129,7 @@ class TransformersEngine(GenerationEngine):
             text=self.tokenizer.decode(response, skip_special_tokens=True),
             policy_version=self._version,
             finish_reason=reason,
+            **timing,
         )
 
     def _stop_end(self, tokens: list[int]) -> int | None:
@@ -147,3 +153,16 @@ class TransformersEngine(GenerationEngine):
 
     def close(self) -> None:
         self._batcher.close()
+
+
+class _FirstTokenClock(LogitsProcessor):
+    """Notes when `generate` first asks for the next token's scores: the prompt's forward (the
+    prefill) is done then, and every later token is decode. Leaves the scores as they are."""
+
+    def __init__(self):
+        self.first: float | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.first is None:
+            self.first = time.perf_counter()
+        return scores

@@ -114,6 +114,19 @@ def engine_arguments(engine_args: dict, seed: int, on_cpu: bool) -> tuple[dict, 
     return args, env
 
 
+def _phase_seconds(stats) -> dict[str, float]:
+    """Prefill and decode seconds of one finished request from vLLM's own timestamps (engine-core
+    monotonic: scheduled, first token, last token; vllm/v1/metrics/stats.py RequestStateStats), the
+    same split vLLM's request_prefill_time and request_decode_time histograms make. Zeros where the
+    engine keeps no stats (disable_log_stats)."""
+    if stats is None or not stats.first_token_ts:
+        return {"prefill_s": 0.0, "decode_s": 0.0}
+    return {
+        "prefill_s": stats.first_token_ts - stats.scheduled_ts,
+        "decode_s": stats.last_token_ts - stats.first_token_ts,
+    }
+
+
 class VllmEngine(GenerationEngine):
     name = "vllm"
 
@@ -242,6 +255,8 @@ class VllmEngine(GenerationEngine):
             text=completion.text,
             policy_version=version,
             finish_reason="length" if completion.finish_reason == "length" else "stop",
+            cached_prompt_tokens=final.num_cached_tokens or 0,
+            **_phase_seconds(final.metrics),
         )
 
     def update_weights(self, state_dict: dict, version: int) -> None:

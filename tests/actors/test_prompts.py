@@ -97,3 +97,41 @@ def test_compact_prompt_lists_actions_and_opens_the_reply_with_the_action_tag():
     assert "Admissible actions:\nclean mug 1 with sinkbasin 1\nlook\n" in text
     assert "<think>" not in text and builder.response_prefix == "<action>"
     assert text.endswith("<|im_start|>assistant\n<action>")  # the model only writes the action and its closing tag
+
+
+def _shared_prefix(first: list[int], second: list[int]) -> int:
+    return next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), min(len(first), len(second)))
+
+
+def test_the_prefix_stable_layout_keeps_what_consecutive_steps_share_at_the_front():
+    """Step 2 and step 3 of an episode retrieve different experiences. With the experiences in the
+    system message the two prompts part at the first lesson; with the
+    prefix-stable layout they share the system message, the instructions and the task, and part at
+    the history, and the experiences sit after the history, just before the observation."""
+    history_length, observation, admissible = 2, "You arrive at sinkbasin 1.", ["look"]
+    for style in ("reasoning", "compact"):
+        prompts = {}
+        for layout in ("experiences_first", "prefix_stable"):
+            builder = PromptBuilder(TOKENIZER, history_length=history_length, style=style, layout=layout)
+            step_2, _ = builder.build(history_with(1), observation, admissible, EXPERIENCES[:1])
+            step_3, _ = builder.build(history_with(2), observation, admissible, EXPERIENCES[1:])
+            prompts[layout] = (step_2, step_3)
+        first = _shared_prefix(*prompts["experiences_first"])
+        stable = _shared_prefix(*prompts["prefix_stable"])
+        parted_at = TOKENIZER.decode(prompts["experiences_first"][0][:first])
+        assert parted_at.endswith("Strategies that worked:\n-"), (style, parted_at)  # inside the system message
+        shared = TOKENIZER.decode(prompts["prefix_stable"][0][:stable])
+        assert "You are a helpful AI assistant named SmolLM" in shared and "put a clean mug in coffeemachine" in shared
+        text = TOKENIZER.decode(prompts["prefix_stable"][1])
+        history_at, experiences_at = text.index("observation number 1"), text.index(EXPERIENCE_HEADER)
+        assert history_at < experiences_at < text.index(observation)
+        assert stable > first, (style, stable, first)
+
+
+def test_without_experiences_the_two_layouts_are_the_same_prompt():
+    for style in ("reasoning", "compact"):
+        built = [
+            PromptBuilder(TOKENIZER, style=style, layout=layout).build(history_with(2), "obs", ["look"], [])[0]
+            for layout in ("experiences_first", "prefix_stable")
+        ]
+        assert built[0] == built[1]

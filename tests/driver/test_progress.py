@@ -93,14 +93,31 @@ def test_the_time_line_says_where_each_process_spent_the_run():
         {"step": 2, "learner/step_seconds": 40.2, "learner/wait_seconds": 5.0},
         {"step": 2, "eval/success_rate": 0.3, "eval/seconds": 60.0},
     ]
-    timers = {"generation_s": 150.0, "env_s": 2.0, "retrieval_wait_s": 3.0, "overhead_s": 1.0}
+    timers = {
+        "generation_s": 150.0, "env_s": 2.0, "retrieval_wait_s": 3.0, "overhead_s": 1.0,
+        "prefill_s": 90.0, "decode_s": 40.0, "prompt_tokens": 1000, "cached_prompt_tokens": 0,
+    }  # fmt: skip
     pool = [
-        {"busy_s": 80.0, "throttled_s": 20.0, "timers": timers},
-        {"busy_s": 70.0, "throttled_s": 0.0, "timers": {**timers, "generation_s": 100.0}},
-    ]
+        {"engine": "transformers", "busy_s": 80.0, "throttled_s": 20.0, "timers": timers},
+        {
+            "engine": "transformers", "busy_s": 70.0, "throttled_s": 0.0,
+            "timers": {**timers, "generation_s": 100.0, "prefill_s": 60.0, "decode_s": 30.0},
+        },
+    ]  # fmt: skip
     assert time_line(entries, pool, startup_s=61.3, wall_s=400.0) == (
         "time, of 400 s: start-up 61 s | learner 90 s training (2 updates), 35 s waiting for groups | "
-        "held-out evaluation 180 s (120 + 60) | actors busy 150 s (engine 250, environments 4, library 6, ours 2), "
-        "held back 20 s"
+        "held-out evaluation 180 s (120 + 60) | actors busy 150 s (engine 250, environments 4, library 6, ours 2; "
+        "engine: prefill 150, decode 70, queued 30), held back 20 s"
     )
     assert "held-out evaluation 0 s (none)" in time_line([], [], 1.0, 2.0)
+
+
+def test_the_time_line_gives_vllms_prefix_cache_share_of_the_prompt_tokens():
+    timers = {
+        "generation_s": 10.0, "env_s": 0.0, "retrieval_wait_s": 0.0, "overhead_s": 0.0,
+        "prefill_s": 4.0, "decode_s": 5.0, "prompt_tokens": 800, "cached_prompt_tokens": 200,
+    }  # fmt: skip
+    pool = [{"engine": "vllm", "busy_s": 10.0, "throttled_s": 0.0, "timers": timers}] * 2
+    assert time_line([], pool, 1.0, 30.0).endswith(
+        "engine: prefill 8, decode 10, queued 2; prefix cache 25% of 1600 prompt tokens), held back 0 s"
+    )

@@ -15,6 +15,7 @@ from driver.study import (
     estimate,
     evaluation_variance,
     keep_episodes,
+    protocol_of,
     resample_counts,
     study_report,
 )
@@ -253,6 +254,17 @@ def test_runs_of_different_protocols_are_not_compared(tmp_path):
     ]
     with pytest.raises(ValueError, match="different protocols"):
         study_report(runs, tmp_path / "plots")
+
+
+def test_a_run_kept_before_the_prompt_layout_key_played_the_experiences_first_layout(tmp_path):
+    """Runs kept before `actors.prompt_layout` existed say nothing of it: they played the experiences
+    in the system message, so they compare with a run that says so, and not with a prefix-stable one."""
+    old = kept_run(tmp_path, "old", "slea", wins(0, {"t0"}))
+    for layout, comparable in (("experiences_first", True), ("prefix_stable", False)):
+        new = kept_run(tmp_path, f"new-{layout}", "grpo", wins(0, {"t0"}))
+        config = new / "config.yaml"
+        config.write_text(config.read_text() + f"actors:\n  prompt_layout: {layout}\n")
+        assert (protocol_of(old) == protocol_of(new)) is comparable
 
 
 def test_the_base_models_evaluation_noise_is_stratified_by_task():

@@ -1,6 +1,7 @@
 """The CPU engine returns exactly what it sampled, with log-probs a forward pass agrees with."""
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -49,15 +50,15 @@ def test_response_is_cut_after_the_stop_text_or_eos(tiny):
     engine = TransformersEngine(model, tokenizer, SamplingSettings())
     text = "<think>the mug is dirty</think><action>go to sinkbasin 1</action> and more text after"
     tokens = tokenizer.encode(text, add_special_tokens=False)
-    finished = engine._finish([1, 2], tokens, np.zeros(len(tokens), dtype=np.float32))
+    finished = engine._finish([1, 2], tokens, np.zeros(len(tokens), dtype=np.float32), {})
     assert finished.text.endswith("</action>") and finished.finish_reason == "stop"
     assert (
         tokenizer.decode(finished.response_ids) == "<think>the mug is dirty</think><action>go to sinkbasin 1</action>"
     )
     with_eos = tokenizer.encode("<action>look", add_special_tokens=False) + [tokenizer.eos_token_id, 5, 6]
-    finished = engine._finish([1], with_eos, np.zeros(len(with_eos), dtype=np.float32))
+    finished = engine._finish([1], with_eos, np.zeros(len(with_eos), dtype=np.float32), {})
     assert finished.response_ids[-1] == tokenizer.eos_token_id and finished.finish_reason == "stop"
-    unfinished = engine._finish([1], tokens[:5], np.zeros(5, dtype=np.float32))
+    unfinished = engine._finish([1], tokens[:5], np.zeros(5, dtype=np.float32), {})
     assert unfinished.finish_reason == "length" and len(unfinished.response_ids) == 5
 
 
@@ -80,6 +81,21 @@ def test_concurrent_requests_are_batched_and_answered_in_order(tiny):
     results = asyncio.run(run_all())
     assert [r.prompt_ids for r in results] == [list(p) for p in requests]
     assert batch_sizes == [6]
+
+
+def test_a_batch_reports_its_prefill_and_decode_seconds(tiny):
+    """The prompt's forward ends where `generate` first asks for scores; every later token is decode.
+    Both are the batch's, given to each of its generations, and together no longer than the call."""
+    model, tokenizer = tiny
+    engine = TransformersEngine(model, tokenizer, SamplingSettings(temperature=0.0, max_new_tokens=6))
+    started = time.perf_counter()
+    generations = engine.generate_batch(prompts(tokenizer))
+    wall = time.perf_counter() - started
+    first = generations[0]
+    assert first.prefill_s > 0 and first.decode_s > 0 and first.prefill_s + first.decode_s <= wall
+    assert all(
+        (g.prefill_s, g.decode_s, g.cached_prompt_tokens) == (first.prefill_s, first.decode_s, 0) for g in generations
+    )
 
 
 def test_new_weights_apply_before_the_next_generation():

@@ -118,6 +118,18 @@ def test_the_prefix_cache_reset_happens_while_a_request_holds_blocks(probed):
 
 
 @pytest.mark.slow
+def test_the_engine_reports_prefill_decode_and_the_prompt_tokens_its_prefix_cache_held(probed):
+    """A 320-token prompt asked twice: the first time nothing is cached, the second time its full KV
+    blocks are (vLLM caches whole blocks only: 128 tokens on CPU, so 256 of the 320), as vLLM's
+    own num_cached_tokens says; prefill and decode come from vLLM's request timestamps."""
+    first, second = probed[0]["repeated"]
+    assert first["cached_prompt_tokens"] == 0
+    assert second["cached_prompt_tokens"] == 256, second["cached_prompt_tokens"]
+    for generation in (first, second):  # decode is 0 for a response of one token
+        assert generation["prefill_s"] > 0 and generation["decode_s"] >= 0, generation
+
+
+@pytest.mark.slow
 def test_vllm_engine_receives_broadcast_weights(probed):
     """The collective weight transport: the engine's worker joins the learner's group as rank 1, takes
     the broadcast as version 5, and a generation asked for during the transfer runs on the new weights."""

@@ -1,5 +1,6 @@
 """Run by the vLLM engine tests in a subprocess (an interpreter with vllm): drive VllmEngine on a
-checkpoint, swap in other weights, then offer weights with a renamed key, then reset the prefix
+checkpoint, swap in other weights, then offer weights with a renamed key, then generate a long prompt twice (prefill,
+decode and the prefix cache's share as the engine reports them), then reset the prefix
 cache while a request generates (vllm_prefix_cache_probe.py), then join the test's weight group
 (the test is the learner, rank 0), receive broadcast weights as version 5 and generate again; and
 write what was generated, how the renamed key was refused and what the reset left cached as JSON
@@ -44,6 +45,9 @@ def generation_json(generation) -> dict:
         "logprobs": generation.logprobs.tolist(),
         "policy_version": generation.policy_version,
         "text": generation.text,
+        "prefill_s": generation.prefill_s,
+        "decode_s": generation.decode_s,
+        "cached_prompt_tokens": generation.cached_prompt_tokens,
     }
 
 
@@ -77,9 +81,12 @@ def main(checkpoint: str, new_weights: str, plan_path: str, host: str, port: str
         except ValueError as exc:
             refused = str(exc)
         await engine.generate(list(prompts[0]))  # still generates, with version 3
-        return second, refused, engine.policy_version
+        # The same long prompt twice, one after the other: the second finds its full KV blocks cached.
+        long_prompt = engine.tokenizer("You are in the middle of a room. " * 40)["input_ids"][:320]
+        repeated = [await engine.generate(long_prompt) for _ in range(2)]
+        return second, refused, engine.policy_version, repeated
 
-    second, refused, version = asyncio.run(scenario())
+    second, refused, version, repeated = asyncio.run(scenario())
     prefix_cache = prefix_cache_reset(engine)
 
     async def broadcast():
@@ -101,6 +108,7 @@ def main(checkpoint: str, new_weights: str, plan_path: str, host: str, port: str
                 "refused": refused,
                 "version_after_refusal": version,
                 "prefix_cache": prefix_cache,
+                "repeated": [generation_json(g) for g in repeated],
                 "broadcast": [generation_json(g) for g in third],
                 "joined": joined,
             }
