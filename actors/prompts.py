@@ -15,7 +15,9 @@ Layouts (where the experiences go; `actors.prompt_layout`):
 - `prefix_stable`: the model's own system message, then the instructions, the task and the history,
   and the experiences just before the current observation, which they are about: consecutive
   prompts of an episode, and the prompts of a group's episodes, share everything up to the
-  history, which vLLM's prefix cache then holds (`actor_cached_prompt_tokens_total`).
+  history, which vLLM's prefix cache can hold (`actor_cached_prompt_tokens_total`). It caches whole
+  blocks only: on CPU (128-token blocks, longer than that shared front) configs/local.yaml measured
+  49% of prompt tokens cached with experiences_first and 51% with prefix_stable.
 
 Token in, token out: the prompt is tokenised here once with the model's chat template, and
 exactly those ids are generated from and recorded in the StepRecord; nothing downstream ever

@@ -67,18 +67,13 @@ class WorkerStats:
     timers: StepTimers = field(default_factory=StepTimers)
 
 
-@dataclass(frozen=True)
-class _EngineTotals:
-    """The engine's share of a worker's StepTimers, as the Prometheus counters carry it."""
-
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-
-    @classmethod
-    def of(cls, timers: StepTimers) -> _EngineTotals:
-        return cls(timers.prefill_s, timers.decode_s, timers.prompt_tokens, timers.cached_prompt_tokens)
+# StepTimers fields the engine fills -> (Prometheus counter, its labels besides the worker's)
+_ENGINE_COUNTERS = {
+    "prefill_s": ("actor_engine_seconds_total", {"phase": "prefill"}),
+    "decode_s": ("actor_engine_seconds_total", {"phase": "decode"}),
+    "prompt_tokens": ("actor_prompt_tokens_total", {}),
+    "cached_prompt_tokens": ("actor_cached_prompt_tokens_total", {}),
+}
 
 
 def training_tasks(env: TextEnv, config: SleaConfig, seed: int) -> TaskSampler:
@@ -128,7 +123,7 @@ class ActorWorker:
         self._sync_full_version = -1  # synchronous mode: newest version whose groups are all claimed
         self._groups_in_play = 0  # groups between their first episode's start and their last episode's end
         self._busy_since = 0.0  # perf_counter when _groups_in_play last went from 0 to 1
-        self._exported_engine = _EngineTotals()  # what the engine counters already carry of self.stats.timers
+        self._exported_engine = dict.fromkeys(_ENGINE_COUNTERS, 0)  # what the counters carry of self.stats.timers
         if config.actors.synchronous and weights is None:
             raise ValueError("actors.synchronous needs a weight subscriber: the worker waits for each new version")
         template_env = self._new_env()
@@ -351,15 +346,10 @@ class ActorWorker:
         """Move the engine's phase seconds and prompt tokens from the timers into the Prometheus
         counters: the timers are shared by the episodes in play, so what is new since the last
         export goes in, whichever episode it came from."""
-        now = _EngineTotals.of(self.stats.timers)
-        done, self._exported_engine = self._exported_engine, now
-        for phase in ("prefill", "decode"):
-            seconds = getattr(now, f"{phase}_s") - getattr(done, f"{phase}_s")
-            metric("actor_engine_seconds_total").labels(worker=self._label, phase=phase).inc(seconds)
-        metric("actor_prompt_tokens_total").labels(worker=self._label).inc(now.prompt_tokens - done.prompt_tokens)
-        metric("actor_cached_prompt_tokens_total").labels(worker=self._label).inc(
-            now.cached_prompt_tokens - done.cached_prompt_tokens
-        )
+        for field_name, (name, labels) in _ENGINE_COUNTERS.items():
+            now = getattr(self.stats.timers, field_name)
+            metric(name).labels(worker=self._label, **labels).inc(now - self._exported_engine[field_name])
+            self._exported_engine[field_name] = now
 
     # -- stream output ----------------------------------------------------------------------------
 

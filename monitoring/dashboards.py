@@ -160,12 +160,7 @@ ACTORS = Dashboard(
         Panel("Episodes/s by outcome", [(_rate_by("actor_episodes_total", "outcome"), "{{outcome}}")], unit="ops"),
         Panel(
             "Engine time by phase and worker",
-            [
-                (
-                    f"sum by (worker, phase) (rate({m('actor_engine_seconds_total')}{RATE}))",
-                    "worker {{worker}} {{phase}}",
-                )
-            ],
+            [(_rate_by("actor_engine_seconds_total", "worker, phase"), "worker {{worker}} {{phase}}")],
             axis_label="engine seconds per second",
             description="Prefill (reading prompts) and decode (writing responses), summed over the requests in "
             "flight: above 1 while requests share a batch.",
@@ -183,7 +178,8 @@ ACTORS = Dashboard(
             ],
             unit="percentunit",
             description="Share of prompt tokens whose KV vLLM's prefix cache already held (not prefilled again); "
-            "0 with the transformers engine, which has no prefix cache. actors.prompt_layout: prefix_stable raises it.",
+            "0 with the transformers engine, which has no prefix cache. actors.prompt_layout: prefix_stable keeps more "
+            "of each prompt's front stable (on CPU's 128-token blocks it measured 49% -> 51%).",
         ),
         Panel(
             "Invalid actions per env step",
