@@ -132,11 +132,21 @@ def test_the_serve_alerts_see_the_actors_handle_traffic(prometheus, tmp_path):
         )
         assert {sample["metric"]["exception_type"] for sample in errors} == {"LibraryNotPublished", "RuntimeError"}
         assert query(api, 'ray_serve_deployment_processing_latency_ms_bucket{application="slea-library"}')
-        # The alert's own expression over the last 30 s of rounds: 2 of every 9 calls failed. A window
-        # cuts the rounds at its edges (the counters are sampled mid-round), so the share is near
-        # 2/9 (0.22), not at it (2/11 in one run); the bounds exclude what a wrong expression gives:
-        # 5/9 counting LibraryNotPublished, 2/6 leaving those calls out of the total too, 0.
+        # The alert's own expression over the last 30 s of rounds: 2 of every 9 calls failed. Asked as
+        # soon as the error series appear, rate() sees only their first samples (their first value is
+        # not an increase), and the share came out 1/7 in one CI run: wait until every series the
+        # expression reads has been scraped across the whole window. A full window still cuts the
+        # rounds at its edges (the counters are sampled mid-round), so the share is near 2/9 (0.22),
+        # not at it (2/11 in one run); the bounds exclude what a wrong expression gives: 5/9 counting
+        # LibraryNotPublished, 2/6 leaving those calls out of the total too, 0.
         over_30s = handle_share.replace("[5m]", "[30s]")
+        for counter in ("ray_serve_deployment_request_counter_total", "ray_serve_deployment_error_counter_total"):
+            scraped_over_the_window = f'min(count_over_time({counter}{{application="slea-library"}}[30s])) >= 28'
+            wait_for(
+                lambda promql=scraped_over_the_window: query(api, promql),
+                90,
+                f"30 s of samples of every {counter} series",
+            )
         share = wait_for(lambda: query(api, over_30s.rsplit(">", 1)[0]), 60, "the alert's error share")
         assert 0.15 < float(share[0]["value"][1]) < 0.29
         assert query(api, over_30s), "over 5%: the alert's condition holds"
