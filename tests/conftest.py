@@ -132,7 +132,22 @@ def pytest_xdist_make_scheduler(config, log):
     return slow_lane.make_scheduler(config, log)
 
 
-_RAY_BEFORE = pytest.StashKey[bool]()  # whether Ray was up before the test's setup (a module fixture's)
+_RAY_BEFORE = pytest.StashKey[tuple[bool, int]]()  # Ray up before the test's setup (a module fixture's), heads started
+_ray_heads_started = 0  # GCS servers this process has launched: counted even when the test shut its Ray down again
+
+
+def _count_ray_heads(event: str, args: tuple) -> None:
+    """An audit hook: ray.init() that starts a local Ray launches its gcs_server with subprocess.Popen.
+    A test that starts Ray and shuts it down in its own `finally` leaves ray.is_initialized() False,
+    so only this sees it (one such unit test timed out on the GCS under load)."""
+    global _ray_heads_started
+    if event == "subprocess.Popen":
+        program = args[1] if isinstance(args[1], str) else (args[1] or [""])[0]
+        if os.path.basename(str(program).split(" ", 1)[0]) == "gcs_server":
+            _ray_heads_started += 1
+
+
+sys.addaudithook(_count_ray_heads)
 
 
 def _ray_running() -> bool:
@@ -142,14 +157,16 @@ def _ray_running() -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    item.stash[_RAY_BEFORE] = _ray_running()
+    item.stash[_RAY_BEFORE] = (_ray_running(), _ray_heads_started)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     """The unit tier's guard: a test not marked slow that starts Ray (in its fixtures or its body) fails."""
     result = yield
-    if _ray_running() and not item.stash[_RAY_BEFORE] and item.get_closest_marker("slow") is None:
+    running_before, heads_before = item.stash[_RAY_BEFORE]
+    started = (_ray_running() and not running_before) or _ray_heads_started > heads_before
+    if started and item.get_closest_marker("slow") is None:
         raise pytest.fail.Exception(f"{item.nodeid} starts Ray: mark it slow (see tests/conftest.py)", pytrace=False)
     return result
 

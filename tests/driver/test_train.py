@@ -250,6 +250,7 @@ def test_the_driver_names_the_groups_it_does_not_read(redis_client):
     assert create_stream_groups(redis_client, config) == ["library"]
 
 
+@pytest.mark.slow  # starts a local Ray
 def test_a_sigterm_after_joining_ray_starts_the_graceful_stop(tmp_path, monkeypatch):
     """The driver's SIGTERM (a pod's preStop hook, KubeRay's StopJob through Ray's job supervisor)
     must raise KeyboardInterrupt, the graceful stop. ray.init() installs its own SIGTERM handler
