@@ -193,6 +193,14 @@ def _skip_fails_under_ci(report):
     return report
 
 
+def pytest_runtest_logreport(report):
+    slow_lane.clock_report(report)  # under `pytest -n`, on the controller: the lanes' time
+
+
+def pytest_terminal_summary(terminalreporter):
+    slow_lane.summarize_lanes(terminalreporter)
+
+
 _exit_status: int | None = None
 
 

@@ -12,13 +12,18 @@ reads. So the grouping happens here. The controller names a file for each worker
 collected (`write_lanes`, from tests/conftest.py); the controller's scheduler, xdist's own
 LoadScopeScheduling, reads them when it splits the collection into units and makes each lane
 one unit, which xdist hands whole to one worker. Every worker collects the same tests (xdist
-checks that before scheduling), so any worker's file serves."""
+checks that before scheduling), so any worker's file serves.
+
+At the end the controller says what each lane cost and when its last test ended (`LaneClock`):
+the lane that ends last is the suite's critical path, and CI's output is where that is read."""
 
 from __future__ import annotations
 
 import functools
 import shutil
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,6 +32,7 @@ from xdist.scheduler import LoadScopeScheduling
 LANES_KEY = "slea_lanes_file"  # workerinput key: where a worker writes the lanes of its slow tests
 WHOLE_RUN_LANE = "whole-run lane"  # the scope of the tests marked whole_run
 SLOW_LANE = "slow lane"  # the scope of every other slow test
+UNIT_TESTS = "unit tests"  # every test in no lane: they share the workers
 _LANES_DIR = pytest.StashKey[Path]()
 
 
@@ -85,7 +91,57 @@ def make_scheduler(config: pytest.Config, log):
     """The two lanes for `--dist loadgroup` (pyproject's addopts); xdist's own for any other --dist."""
     if config.getvalue("dist") != "loadgroup":
         return None
-    return LaneScheduling(config, log, config.stash[_LANES_DIR])
+    global _clock
+    scheduler = LaneScheduling(config, log, config.stash[_LANES_DIR])
+    _clock = LaneClock(scheduler)
+    return scheduler
+
+
+@dataclass
+class LaneTime:
+    """What one lane cost a session."""
+
+    tests: int = 0
+    seconds: float = 0.0  # setup + call + teardown of its tests, summed
+    ended_s: float = 0.0  # since the session started, when its last test's last phase ended
+
+
+class LaneClock:
+    """On the controller: each report's phase time, added to its test's lane."""
+
+    def __init__(self, scheduler: LaneScheduling) -> None:
+        self.scheduler = scheduler
+        self.started = time.time()
+        self.lanes: dict[str, LaneTime] = {}
+
+    def add(self, report: pytest.TestReport) -> None:
+        lane = self.lanes.setdefault(self.scheduler.lanes.get(report.nodeid, UNIT_TESTS), LaneTime())
+        lane.tests += report.when == "call"
+        lane.seconds += report.duration
+        lane.ended_s = max(lane.ended_s, report.stop - self.started)
+
+    def lines(self) -> list[str]:
+        """One line a lane, the one that ended last first."""
+        return [
+            f"{name}: {lane.tests} tests, {lane.seconds:.0f} s of their own time, the last ended at {lane.ended_s:.0f} s"
+            + (" (over every worker)" if name == UNIT_TESTS else "")
+            for name, lane in sorted(self.lanes.items(), key=lambda pair: -pair[1].ended_s)
+        ]
+
+
+_clock: LaneClock | None = None  # the controller's, once it made the scheduler; None on a worker or without -n
+
+
+def clock_report(report: pytest.TestReport) -> None:
+    if _clock is not None:
+        _clock.add(report)
+
+
+def summarize_lanes(terminal) -> None:
+    if _clock is not None and _clock.lanes:
+        terminal.write_sep("-", "lanes (tests/slow_lane.py): the one that ended last is the critical path")
+        for line in _clock.lines():
+            terminal.write_line(line)
 
 
 def lane_of(item: pytest.Item) -> str | None:

@@ -6,6 +6,7 @@ two workers, as `.ci/run` runs the suite."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -78,6 +79,17 @@ def test_each_lane_keeps_to_one_worker_and_the_two_lanes_run_side_by_side(tmp_pa
     assert len(whole_run_workers) == 1, f"the whole-run lane ran on {sorted(whole_run_workers)}"
     # The lanes are the biggest units, so each worker takes one first: they overlap.
     assert slow_workers != whole_run_workers, f"both lanes ran on {sorted(slow_workers)}"
+    # The summary says what each lane cost (each test sleeps 0.5 s) and when its last test ended.
+    summary = result.stdout[result.stdout.index("lanes (tests/slow_lane.py)") :].splitlines()[1:4]
+    costs = {}
+    for line in summary:
+        name, tests, seconds, ended = re.fullmatch(
+            r"(.+): (\d+) tests, (\d+) s of their own time, the last ended at (\d+) s.*", line
+        ).groups()
+        costs[name] = (int(tests), int(seconds), int(ended))
+    assert {name: cost[0] for name, cost in costs.items()} == {"slow lane": 3, "whole-run lane": 2, "unit tests": 2}
+    assert costs["slow lane"][1] >= 1 and costs["whole-run lane"][1] >= 1
+    assert all(seconds <= ended + 1 for _, seconds, ended in (costs["slow lane"], costs["whole-run lane"]))
 
 
 CRASHING_TESTS = """
