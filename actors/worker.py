@@ -193,7 +193,8 @@ class ActorWorker:
             # The version the group's first generation will use: weights staged while the worker waited
             # count, though no generation has applied them yet.
             playing = self.weights.current_version(self.engine)
-            bound = StalenessBound(self.config.actors.max_staleness, self.config.learner.tasks_per_step, playing)
+            learner = self.config.learner
+            bound = StalenessBound(self.config.actors.max_staleness, learner.tasks_per_step, playing, learner.max_steps)
         listing = {
             spec.episode_id: msgpack.packb(
                 {

@@ -115,3 +115,34 @@ def test_a_pool_ahead_of_its_learner_trains_nothing_staler_than_the_bound(redis_
         played.append((group, version - weights_lag))
     assert max(staleness) == max_staleness  # the pool runs as far ahead as allowed, and no further
     assert len(staleness) >= 200 - outstanding_limit(max_staleness, tasks_per_step, weights_lag)
+
+
+def test_the_bound_admits_no_more_than_the_versions_left_until_max_steps_train():
+    # 2 updates of one group (configs/local.yaml): two groups at version 0, then one, then none,
+    # however far the staleness bound (5 groups) would reach.
+    bound = StalenessBound(max_staleness=4, tasks_per_step=1, playing_version=0, max_steps=2)
+    assert bound.limit(AdmissionCounts(admitted=0, trained=0, dropped=0, version=0)) == 2
+    assert bound.limit(AdmissionCounts(admitted=2, trained=1, dropped=0, version=1)) == 1
+    assert bound.limit(AdmissionCounts(admitted=2, trained=2, dropped=0, version=2)) == 0
+    # 3 updates of 2 groups at version 1: min((4 + 1) x 2, (3 - 1) x 2) = 4; the staleness bound
+    # is the lower one far from the end: min((1 + 1) x 2, (10 - 1) x 2) = 4
+    assert StalenessBound(4, 2, 1, max_steps=3).limit(AdmissionCounts(4, 2, 0, version=1)) == 4
+    assert StalenessBound(1, 2, 1, max_steps=10).limit(AdmissionCounts(4, 2, 0, version=1)) == 4
+    assert StalenessBound(1, 2, 1, max_steps=None).limit(AdmissionCounts(4, 2, 0, version=1)) == 4
+
+
+def test_a_short_run_starts_no_group_past_its_last_update_and_a_drop_or_a_rollback_frees_a_slot(redis_client):
+    key = inflight_key("r", 0)
+    bound = StalenessBound(max_staleness=4, tasks_per_step=1, playing_version=0, max_steps=2)
+    assert claim_group(redis_client, "r", key, listing("g1"), bound)
+    assert claim_group(redis_client, "r", key, listing("g2"), bound)
+    assert not claim_group(redis_client, "r", key, listing("g3"), bound)  # nothing would train it
+    redis_client.hset(admission_key("r"), mapping={TRAINED: 1, VERSION: 1})  # update 1 trained g1
+    assert not claim_group(redis_client, "r", key, listing("g3"), bound)  # g2 is update 2's
+    redis_client.hincrby(admission_key("r"), "dropped", 1)  # the learner dropped g2 (abandoned, stale)
+    assert claim_group(redis_client, "r", key, listing("g3"), bound)  # its replacement
+    # A learner restarted from the checkpoint before update 1: version and trained roll back, g1 is
+    # pending again and outstanding, and the one slot left is not enough for a new group.
+    redis_client.hset(admission_key("r"), mapping={TRAINED: 0, VERSION: 0})
+    assert read_counts(redis_client, "r").outstanding == 2
+    assert not claim_group(redis_client, "r", key, listing("g4"), bound)
