@@ -103,7 +103,7 @@ class LaneTime:
 
     tests: int = 0
     seconds: float = 0.0  # setup + call + teardown of its tests, summed
-    ended_s: float = 0.0  # since the session started, when its last test's last phase ended
+    ended_s: float = 0.0  # since the scheduler was made (before any test ran), when its last test's last phase ended
 
 
 class LaneClock:
