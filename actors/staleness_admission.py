@@ -17,12 +17,15 @@ the learner's, which held while the pool ran ever further ahead: in the learning
 the trained steps were 4 versions old from update 8 on and the learner dropped 42% of the groups
 played as too stale (docs/learning.md).
 
-A run's learner stops after `learner.max_steps` versions, so the pool also keeps no more groups
-outstanding than the versions left will train, (max_steps - version) x tasks_per_step: in a short
-run (configs/local.yaml, 2 updates) the workers otherwise played a third group during the last update
-that nothing trains, on the CPUs that update needed. Counted from the learner's version, which a
-restart from a checkpoint rolls back with the trained count, and with the drops freeing slots, it
-cannot leave a learner waiting for a group nobody may start.
+A run's learner stops after `learner.max_steps` updates of `tasks_per_step` groups, so the pool also
+keeps no more groups outstanding than the updates left will train, max_steps x tasks_per_step -
+trained: in a short run (configs/local.yaml, 2 updates) the workers otherwise played a third group
+during the last update that nothing trains, on the CPUs that update needed. Counted from the trained
+total, which a restart from a checkpoint rolls back, and with the drops freeing slots, it cannot leave
+a learner waiting for a group nobody may start. Not from the version: a learner resumed on a new Ray
+cluster publishes its checkpoint's weights under a new number (learner/weights.py `resume_version`),
+ahead of the updates it has trained, and a limit counted from it stopped the pool two updates short of
+max_steps (tests/test_cluster_resume.py timed out on it in CI).
 
 A claim is one Redis transaction: the admitted count goes up together with the group's in-flight
 listing, so a worker that dies leaves either nothing or a listed group that its successor marks
@@ -56,16 +59,16 @@ class StalenessBound:
     max_staleness: int  # actors.max_staleness
     tasks_per_step: int  # learner.tasks_per_step
     playing_version: int  # the policy version of the weights the group would be played with
-    max_steps: int | None = None  # learner.max_steps: the version the learner stops at (None: it does not)
+    max_steps: int | None = None  # learner.max_steps: the updates after which the learner stops (None: it does not)
 
     def limit(self, counts: AdmissionCounts) -> int:
         """Groups that may be outstanding, the lag taken from the learner's version as the hash has it
-        (written with its trained count), not as the worker last polled it; no more than the versions
+        (written with its trained count), not as the worker last polled it; no more than the updates
         left until max_steps will train."""
         lag = max(counts.version - self.playing_version, 0)
         limit = outstanding_limit(self.max_staleness, self.tasks_per_step, lag)
         if self.max_steps is not None:
-            limit = min(limit, max(self.max_steps - counts.version, 0) * self.tasks_per_step)
+            limit = min(limit, max(self.max_steps * self.tasks_per_step - counts.trained, 0))
         return limit
 
 

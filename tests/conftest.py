@@ -197,7 +197,10 @@ def pytest_runtest_logreport(report):
     slow_lane.clock_report(report)  # under `pytest -n`, on the controller: the lanes' time
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter):
+    """Last of the plugins' summaries, after --durations, so that CI's output tail (which keeps the
+    durations and the short summary) keeps the lanes too."""
     slow_lane.summarize_lanes(terminalreporter)
 
 

@@ -117,18 +117,32 @@ def test_a_pool_ahead_of_its_learner_trains_nothing_staler_than_the_bound(redis_
     assert len(staleness) >= 200 - outstanding_limit(max_staleness, tasks_per_step, weights_lag)
 
 
-def test_the_bound_admits_no_more_than_the_versions_left_until_max_steps_train():
-    # 2 updates of one group (configs/local.yaml): two groups at version 0, then one, then none,
-    # however far the staleness bound (5 groups) would reach.
+def test_the_bound_admits_no_more_than_the_updates_left_until_max_steps_train():
+    # 2 updates of one group (configs/local.yaml): two groups before any is trained, then one, then
+    # none, however far the staleness bound (5 groups) would reach.
     bound = StalenessBound(max_staleness=4, tasks_per_step=1, playing_version=0, max_steps=2)
     assert bound.limit(AdmissionCounts(admitted=0, trained=0, dropped=0, version=0)) == 2
     assert bound.limit(AdmissionCounts(admitted=2, trained=1, dropped=0, version=1)) == 1
     assert bound.limit(AdmissionCounts(admitted=2, trained=2, dropped=0, version=2)) == 0
-    # 3 updates of 2 groups at version 1: min((4 + 1) x 2, (3 - 1) x 2) = 4; the staleness bound
-    # is the lower one far from the end: min((1 + 1) x 2, (10 - 1) x 2) = 4
+    # 3 updates of 2 groups, 2 trained at version 1: min((4 + 1) x 2, 3 x 2 - 2) = 4; the staleness
+    # bound is the lower one far from the end: min((1 + 1) x 2, 10 x 2 - 2) = 4
     assert StalenessBound(4, 2, 1, max_steps=3).limit(AdmissionCounts(4, 2, 0, version=1)) == 4
     assert StalenessBound(1, 2, 1, max_steps=10).limit(AdmissionCounts(4, 2, 0, version=1)) == 4
     assert StalenessBound(1, 2, 1, max_steps=None).limit(AdmissionCounts(4, 2, 0, version=1)) == 4
+
+
+def test_a_learner_resumed_on_a_new_cluster_gets_the_groups_of_every_update_left():
+    # tests/test_cluster_resume.py as CI ran it: one group an update, checkpoint after update 15, the
+    # cluster killed after update 17 (version 17 recorded in Redis), resumed with max_steps 19. The
+    # learner publishes the checkpoint's weights as version 18 (learner/weights.py resume_version) at
+    # learner step 15: four updates (16-19) are left, whatever the version says. 18 groups were
+    # admitted: 17 trained before the kill, one cut short in flight and since dropped as abandoned.
+    counts = AdmissionCounts(admitted=18, trained=15, dropped=1, version=18)
+    bound = StalenessBound(max_staleness=4, tasks_per_step=1, playing_version=18, max_steps=19)
+    assert bound.limit(counts) == 4  # min((4 + 1) x 1, 19 x 1 - 15); counted from the version: (19 - 18) x 1 = 1
+    # The groups of updates 16 and 17 are pending again in the learner's stream (outstanding 2): two
+    # new groups may start, and the four updates left have their four groups.
+    assert counts.outstanding == 2
 
 
 def test_a_short_run_starts_no_group_past_its_last_update_and_a_drop_or_a_rollback_frees_a_slot(redis_client):
