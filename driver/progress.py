@@ -133,7 +133,7 @@ class Progress:
 
 def eval_progress_text(learner_step: int, played: int, episodes: int) -> str:
     what = "the base policy" if learner_step == 0 else f"the policy of step {learner_step}"
-    return f"held-out evaluation of {what}: {played} of {episodes} episodes"
+    return f"held-out evaluation of {what}: {played} of {episodes} episodes played"
 
 
 def shown_counts(pool: list[dict]) -> tuple[int, int, int]:

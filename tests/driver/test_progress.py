@@ -74,8 +74,8 @@ def test_the_summary_says_what_changed_what_the_library_holds_and_where_things_a
 
 
 def test_evaluation_progress_names_the_policy_and_logs_at_most_every_few_seconds():
-    assert eval_progress_text(0, 3, 16) == "held-out evaluation of the base policy: 3 of 16 episodes"
-    assert eval_progress_text(5, 16, 16) == "held-out evaluation of the policy of step 5: 16 of 16 episodes"
+    assert eval_progress_text(0, 3, 16) == "held-out evaluation of the base policy: 3 of 16 episodes played"
+    assert eval_progress_text(5, 16, 16) == "held-out evaluation of the policy of step 5: 16 of 16 episodes played"
     progress = Progress(load_config(REPO / "configs" / "local.yaml"))
     assert progress.eval_progress((0, 1, 16)) is not None
     assert progress.eval_progress((0, 2, 16)) is None  # too soon after the last line

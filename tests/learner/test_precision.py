@@ -13,12 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from learner.batch import TrainSample, collate, response_logits
+from learner.bench import matmul_peak
 from learner.engine import PolicyTrainer, deepspeed_config
 from learner.loss import gather_logprobs
 from learner.precision import FloatHead, compute_context, use_float_head
 from slea.config import ConfigError, LearnerConfig, load_config
 from slea.models import tiny_model
-from slea.precision import native_bf16, resolve_dtype
+from slea.precision import BF16_MIN_SPEEDUP, bf16_pays, bf16_pays_on_cpu, native_bf16, resolve_dtype
 
 
 def samples(seed=0, teacher_rows=()):
@@ -42,12 +43,28 @@ def samples(seed=0, teacher_rows=()):
 # -- which dtype `auto` picks ----------------------------------------------------------------
 
 
-def test_auto_is_bf16_exactly_where_the_cpu_has_bf16_matrix_instructions():
-    flags = set(Path("/proc/cpuinfo").read_text().split())  # an independent reading of the same fact
+def test_bf16_pays_only_where_it_is_at_least_a_fifth_faster():
+    assert bf16_pays(float32_seconds=1.0, bfloat16_seconds=0.5)  # a Zen 4 EPYC's AVX512-BF16: 2x
+    assert bf16_pays(1.2, 1.0)  # exactly the margin: 1.0 x 1.2 <= 1.2
+    assert not bf16_pays(1.0, 0.9)  # 1.11x: not worth 8 bits of mantissa
+    assert not bf16_pays(0.33, 0.6)  # the Xeon VM with AVX512-BF16 and no AMX: bf16 at half the speed
+
+
+def test_auto_is_float32_without_bf16_instructions_and_follows_a_clear_measurement_with_them():
+    flags = set(Path("/proc/cpuinfo").read_text().split())  # an independent reading of the instructions
     assert native_bf16("cpu") == bool({"amx_bf16", "avx512_bf16"} & flags)
-    assert resolve_dtype("auto", "cpu") == ("bfloat16" if {"amx_bf16", "avx512_bf16"} & flags else "float32")
     assert resolve_dtype("float32", "cpu") == "float32" and resolve_dtype("bfloat16", "cpu") == "bfloat16"
     assert native_bf16("cuda") is torch.cuda.is_available()  # no CUDA: never bf16 "on the GPU"
+    if not native_bf16("cpu"):
+        assert not bf16_pays_on_cpu() and resolve_dtype("auto", "cpu") == "float32"
+        return
+    # With the instructions: an independent, longer measurement at 2048^2 (learner/bench.py). Where it
+    # is clearly on one side of the margin, `auto` must be on that side; near the margin either is right.
+    speedup = matmul_peak(torch.bfloat16, seconds=1.0) / matmul_peak(torch.float32, seconds=1.0)
+    if speedup >= 1.5 * BF16_MIN_SPEEDUP:
+        assert resolve_dtype("auto", "cpu") == "bfloat16", f"bf16 ran {speedup:.2f}x fp32 here"
+    elif speedup <= 1.0:
+        assert resolve_dtype("auto", "cpu") == "float32", f"bf16 ran {speedup:.2f}x fp32 here"
 
 
 def test_model_dtype_is_a_config_error_naming_the_new_keys():
