@@ -42,6 +42,10 @@ import redis
 
 from slea.admission_counts import ADMITTED, AdmissionCounts, admission_key
 
+# Why a claim was refused (the `reason` label of actor_throttled_seconds_total):
+AHEAD_OF_LEARNER = "ahead_of_learner"  # the learner would train the group more than max_staleness versions on
+RUN_END = "run_end"  # the updates left until learner.max_steps have their groups: the pool is done, not too fast
+
 
 def outstanding_limit(max_staleness: int, tasks_per_step: int, weights_lag: int = 0) -> int:
     """Groups the pool may have started that the learner has not consumed (trained into a published
@@ -61,34 +65,46 @@ class StalenessBound:
     playing_version: int  # the policy version of the weights the group would be played with
     max_steps: int | None = None  # learner.max_steps: the updates after which the learner stops (None: it does not)
 
-    def limit(self, counts: AdmissionCounts) -> int:
-        """Groups that may be outstanding, the lag taken from the learner's version as the hash has it
-        (written with its trained count), not as the worker last polled it; no more than the updates
-        left until max_steps will train."""
+    def staleness_limit(self, counts: AdmissionCounts) -> int:
+        """Groups that may be outstanding by staleness, the lag taken from the learner's version as the
+        hash has it (written with its trained count), not as the worker last polled it."""
         lag = max(counts.version - self.playing_version, 0)
-        limit = outstanding_limit(self.max_staleness, self.tasks_per_step, lag)
+        return outstanding_limit(self.max_staleness, self.tasks_per_step, lag)
+
+    def limit(self, counts: AdmissionCounts) -> int:
+        """Groups that may be outstanding: the staleness limit, and no more than the updates left until
+        max_steps will train."""
+        limit = self.staleness_limit(counts)
         if self.max_steps is not None:
             limit = min(limit, max(self.max_steps * self.tasks_per_step - counts.trained, 0))
         return limit
 
+    def refusal(self, counts: AdmissionCounts) -> str | None:
+        """None if a pool with these counts is within the bound, else why not: AHEAD_OF_LEARNER where the
+        staleness limit is passed (the pool plays faster than the learner trains), else RUN_END."""
+        if counts.outstanding <= self.limit(counts):
+            return None
+        return AHEAD_OF_LEARNER if counts.outstanding > self.staleness_limit(counts) else RUN_END
+
 
 def claim_group(
     client: redis.Redis, run_id: str, inflight_key: str, episodes: dict[str, bytes], bound: StalenessBound | None
-) -> bool:
+) -> str | None:
     """List a group's episodes in flight (episode id -> abandon-marker fields) and count the group
-    admitted, in one transaction. If that puts the pool past the `bound` (by the counts as the
-    transaction left them), take both back and return False. `bound` None admits every group (a
-    worker with no learner behind it)."""
+    admitted, in one transaction, and return None. If that puts the pool past the `bound` (by the
+    counts as the transaction left them), take both back and return why (`StalenessBound.refusal`).
+    `bound` None admits every group (a worker with no learner behind it)."""
     key = admission_key(run_id)
     claim = client.pipeline(transaction=True)
     claim.hset(inflight_key, mapping=episodes)
     claim.hincrby(key, ADMITTED, 1)
     claim.hgetall(key)
     counts = AdmissionCounts.from_hash(claim.execute()[-1])
-    if bound is None or counts.outstanding <= bound.limit(counts):
-        return True
+    refusal = None if bound is None else bound.refusal(counts)
+    if refusal is None:
+        return None
     release = client.pipeline(transaction=True)
     release.hincrby(key, ADMITTED, -1)
     release.hdel(inflight_key, *episodes)
     release.execute()
-    return False
+    return refusal

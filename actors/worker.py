@@ -39,7 +39,7 @@ from actors.inflight import abandon_inflight
 from actors.outbox import Outbox, StepsLost
 from actors.prompts import PromptBuilder
 from actors.retrieval_client import RetrievalClient
-from actors.staleness_admission import StalenessBound, claim_group
+from actors.staleness_admission import RUN_END, StalenessBound, claim_group
 from monitoring.metrics import metric
 from slea.channels import inflight_key, sync_claims_key
 from slea.config import SleaConfig
@@ -62,6 +62,9 @@ class WorkerStats:
     successes: int = 0
     abandoned_marked: int = 0  # markers written for a previous incarnation's or a stopped run's episodes
     throttled_s: float = 0.0
+    # of throttled_s, the waits because the updates left until learner.max_steps have their groups: the
+    # pool is done, not too large (the autoscaler does not count them, driver/pool_control.py)
+    run_end_s: float = 0.0
     # wall seconds with at least one group in play (generation, env steps, prompts; `slea bench async`)
     busy_s: float = 0.0
     timers: StepTimers = field(default_factory=StepTimers)
@@ -207,18 +210,19 @@ class ActorWorker:
             )
             for spec in specs
         }
-        reason = "ahead_of_learner"
         try:
-            claimed = await asyncio.to_thread(
+            reason = await asyncio.to_thread(
                 self._write,
                 lambda: claim_group(self.client, self.config.run.id, self._inflight_key, listing, bound),
             )
         except RedisBackpressure:  # nothing was written and nothing is lost: start the group once Redis has room
-            claimed, reason = False, "redis_full"
-        if claimed:
+            reason = "redis_full"
+        if reason is None:
             return True
         await asyncio.sleep(GATE_CHECK_S)
         self.stats.throttled_s += GATE_CHECK_S
+        if reason == RUN_END:
+            self.stats.run_end_s += GATE_CHECK_S
         metric("actor_throttled_seconds_total").labels(worker=self._label, reason=reason).inc(GATE_CHECK_S)
         return False
 

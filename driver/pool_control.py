@@ -112,7 +112,7 @@ class PoolSizer:
     def _open_window(self, summaries: list[dict] = ()) -> None:
         """Start an autoscale interval: the learner's steps and the workers' throttling since now."""
         self._window_started = time.monotonic()
-        self._throttled_before = {summary["worker"]: summary["throttled_s"] for summary in summaries}
+        self._throttled_before = held_back_seconds(summaries)
         self._steps = 0
         self._wait_s = self._train_s = 0.0
 
@@ -132,7 +132,7 @@ class PoolSizer:
 
     def _autoscale(self, summaries: list[dict]) -> None:
         seconds = time.monotonic() - self._window_started
-        throttled_after = {summary["worker"]: summary["throttled_s"] for summary in summaries}
+        throttled_after = held_back_seconds(summaries)
         decision = decide(
             PoolSignals(
                 desired=self.applied,
@@ -162,3 +162,10 @@ class PoolSizer:
         """The run is ending: `slea scale` must find it gone from now on."""
         self.driver_file.unlink(missing_ok=True)
         ray.kill(self.control)
+
+
+def held_back_seconds(summaries: list[dict]) -> dict[int, float]:
+    """Each worker's seconds held back by its gate, less those at the run's end (the updates left until
+    learner.max_steps had their groups): a pool that is done is not too large, and counting them shrank
+    a pool that had just grown for a learner waiting on it (tests/driver/test_cli_plugins.py)."""
+    return {summary["worker"]: summary["throttled_s"] - summary["run_end_s"] for summary in summaries}

@@ -8,7 +8,7 @@ from collections import deque
 import msgpack
 import pytest
 
-from actors.staleness_admission import StalenessBound, claim_group, outstanding_limit
+from actors.staleness_admission import AHEAD_OF_LEARNER, RUN_END, StalenessBound, claim_group, outstanding_limit
 from slea.admission_counts import TRAINED, VERSION, AdmissionCounts, admission_key, read_counts
 from slea.channels import inflight_key
 
@@ -45,21 +45,21 @@ def test_the_bound_takes_the_lag_from_the_learners_version_in_the_counts():
 def test_a_claim_lists_the_group_in_flight_and_one_past_the_limit_takes_both_back(redis_client):
     key = inflight_key("r", 0)
     bound = StalenessBound(max_staleness=0, tasks_per_step=2, playing_version=0)
-    assert claim_group(redis_client, "r", key, listing("g1"), bound)
-    assert claim_group(redis_client, "r", key, listing("g2"), bound)
-    assert not claim_group(redis_client, "r", key, listing("g3"), bound)
+    assert claim_group(redis_client, "r", key, listing("g1"), bound) is None
+    assert claim_group(redis_client, "r", key, listing("g2"), bound) is None
+    assert claim_group(redis_client, "r", key, listing("g3"), bound) == AHEAD_OF_LEARNER
     assert read_counts(redis_client, "r") == AdmissionCounts(admitted=2, trained=0, dropped=0)
     assert sorted(redis_client.hkeys(key)) == [b"g1-0", b"g1-1", b"g2-0", b"g2-1"]  # g3 is not listed
     # The learner trained both into version 1: two slots free, but not for a worker still on version 0.
     redis_client.hset(admission_key("r"), mapping={TRAINED: 2, VERSION: 1})
-    assert not claim_group(redis_client, "r", key, listing("g3"), bound)
-    assert claim_group(redis_client, "r", key, listing("g3"), StalenessBound(0, 2, playing_version=1))
+    assert claim_group(redis_client, "r", key, listing("g3"), bound) == AHEAD_OF_LEARNER
+    assert claim_group(redis_client, "r", key, listing("g3"), StalenessBound(0, 2, playing_version=1)) is None
     assert read_counts(redis_client, "r").outstanding == 1
 
 
 def test_no_bound_admits_everything(redis_client):
     for index in range(5):
-        assert claim_group(redis_client, "r", inflight_key("r", 0), listing(f"g{index}"), None)
+        assert claim_group(redis_client, "r", inflight_key("r", 0), listing(f"g{index}"), None) is None
     assert read_counts(redis_client, "r").admitted == 5
 
 
@@ -76,7 +76,7 @@ def test_workers_claiming_at_once_never_pass_the_limit(redis_url):
         start.wait()
         for number in range(10):
             group = f"w{index}-g{number}"
-            if claim_group(client, "r", inflight_key("r", index), listing(group), StalenessBound(4, 1, 0)):
+            if claim_group(client, "r", inflight_key("r", index), listing(group), StalenessBound(4, 1, 0)) is None:
                 admitted.append(group)
         client.close()
 
@@ -105,7 +105,7 @@ def test_a_pool_ahead_of_its_learner_trains_nothing_staler_than_the_bound(redis_
     for number in range(200):
         group = f"g{number}"
         bound = StalenessBound(max_staleness, tasks_per_step, playing_version=version - weights_lag)
-        while not claim_group(redis_client, "r", inflight_key("r", 0), listing(group), bound):
+        while claim_group(redis_client, "r", inflight_key("r", 0), listing(group), bound) is not None:
             batch = [played.popleft() for _ in range(tasks_per_step)]  # the learner trains a batch
             staleness += [version - played_with for _, played_with in batch]
             version += 1
@@ -148,15 +148,15 @@ def test_a_learner_resumed_on_a_new_cluster_gets_the_groups_of_every_update_left
 def test_a_short_run_starts_no_group_past_its_last_update_and_a_drop_or_a_rollback_frees_a_slot(redis_client):
     key = inflight_key("r", 0)
     bound = StalenessBound(max_staleness=4, tasks_per_step=1, playing_version=0, max_steps=2)
-    assert claim_group(redis_client, "r", key, listing("g1"), bound)
-    assert claim_group(redis_client, "r", key, listing("g2"), bound)
-    assert not claim_group(redis_client, "r", key, listing("g3"), bound)  # nothing would train it
+    assert claim_group(redis_client, "r", key, listing("g1"), bound) is None
+    assert claim_group(redis_client, "r", key, listing("g2"), bound) is None
+    assert claim_group(redis_client, "r", key, listing("g3"), bound) == RUN_END  # nothing would train it
     redis_client.hset(admission_key("r"), mapping={TRAINED: 1, VERSION: 1})  # update 1 trained g1
-    assert not claim_group(redis_client, "r", key, listing("g3"), bound)  # g2 is update 2's
+    assert claim_group(redis_client, "r", key, listing("g3"), bound) == RUN_END  # g2 is update 2's
     redis_client.hincrby(admission_key("r"), "dropped", 1)  # the learner dropped g2 (abandoned, stale)
-    assert claim_group(redis_client, "r", key, listing("g3"), bound)  # its replacement
+    assert claim_group(redis_client, "r", key, listing("g3"), bound) is None  # its replacement
     # A learner restarted from the checkpoint before update 1: version and trained roll back, g1 is
     # pending again and outstanding, and the one slot left is not enough for a new group.
     redis_client.hset(admission_key("r"), mapping={TRAINED: 0, VERSION: 0})
     assert read_counts(redis_client, "r").outstanding == 2
-    assert not claim_group(redis_client, "r", key, listing("g4"), bound)
+    assert claim_group(redis_client, "r", key, listing("g4"), bound) == RUN_END

@@ -3,6 +3,7 @@
 import pytest
 
 from driver.autoscale import PoolSignals, decide, throttled_fraction
+from driver.pool_control import held_back_seconds
 from slea.config import AutoscaleConfig, ConfigError, load_config
 
 POLICY = AutoscaleConfig(min_workers=1, max_workers=4, grow_wait_fraction=0.25, shrink_throttled_fraction=0.5)
@@ -63,6 +64,20 @@ def test_throttled_fraction_counts_workers_present_at_both_ends():
     assert (
         throttled_fraction({0: 0.0}, {0: 30.0}, 10.0) == 1.0
     )  # summaries are read a moment apart: capped at all of the time
+
+
+def test_waits_at_the_runs_end_are_not_held_back():
+    # Over 10 s two workers each waited 8 s more at their gate, worker 1's 6 s of it because the updates
+    # left until learner.max_steps had their groups (reason run_end): held back (8 + 2) / 20 = 0.5, not 0.8.
+    before = held_back_seconds([summary(0, 2.0, 0.0), summary(1, 1.0, 1.0)])
+    after = held_back_seconds([summary(0, 10.0, 0.0), summary(1, 9.0, 7.0)])
+    assert before == {0: 2.0, 1: 0.0} and after == {0: 10.0, 1: 2.0}
+    assert throttled_fraction(before, after, 10.0) == pytest.approx(0.5)
+
+
+def summary(worker: int, throttled_s: float, run_end_s: float) -> dict:
+    """The fields of a worker's summary (actors/worker.py) the autoscaler reads."""
+    return {"worker": worker, "throttled_s": throttled_s, "run_end_s": run_end_s}
 
 
 def test_autoscale_config_is_off_by_default_and_checks_its_bounds():
