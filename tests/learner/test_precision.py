@@ -5,6 +5,7 @@ slow but exact to its format, so every numeric claim is checked on every machine
 """
 
 import copy
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,13 +14,12 @@ import torch
 import torch.nn.functional as F
 
 from learner.batch import TrainSample, collate, response_logits
-from learner.bench import matmul_peak
 from learner.engine import PolicyTrainer, deepspeed_config
 from learner.loss import gather_logprobs
 from learner.precision import FloatHead, compute_context, use_float_head
 from slea.config import ConfigError, LearnerConfig, load_config
 from slea.models import tiny_model
-from slea.precision import BF16_MIN_SPEEDUP, bf16_pays, bf16_pays_on_cpu, native_bf16, resolve_dtype
+from slea.precision import BF16_MIN_SPEEDUP, PROBE_SHAPE, bf16_pays, bf16_pays_on_cpu, native_bf16, resolve_dtype
 
 
 def samples(seed=0, teacher_rows=()):
@@ -58,13 +58,25 @@ def test_auto_is_float32_without_bf16_instructions_and_follows_a_clear_measureme
     if not native_bf16("cpu"):
         assert not bf16_pays_on_cpu() and resolve_dtype("auto", "cpu") == "float32"
         return
-    # With the instructions: an independent, longer measurement at 2048^2 (learner/bench.py). Where it
-    # is clearly on one side of the margin, `auto` must be on that side; near the margin either is right.
-    speedup = matmul_peak(torch.bfloat16, seconds=1.0) / matmul_peak(torch.float32, seconds=1.0)
+    # With the instructions: an independent, longer measurement of the probe's product. Where it is
+    # clearly on one side of the margin, `auto` must be on that side; near the margin either is right.
+    speedup = product_rate(torch.bfloat16) / product_rate(torch.float32)
     if speedup >= 1.5 * BF16_MIN_SPEEDUP:
         assert resolve_dtype("auto", "cpu") == "bfloat16", f"bf16 ran {speedup:.2f}x fp32 here"
     elif speedup <= 1.0:
         assert resolve_dtype("auto", "cpu") == "float32", f"bf16 ran {speedup:.2f}x fp32 here"
+
+
+def product_rate(dtype: torch.dtype, seconds: float = 1.0) -> float:
+    """Products of PROBE_SHAPE a second in `dtype`, over about `seconds`."""
+    rows, inner, columns = PROBE_SHAPE
+    left, right = torch.randn(rows, inner).to(dtype), torch.randn(inner, columns).to(dtype)
+    left @ right
+    products, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        left @ right
+        products += 1
+    return products / (time.perf_counter() - start)
 
 
 def test_model_dtype_is_a_config_error_naming_the_new_keys():
