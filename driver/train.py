@@ -1,8 +1,8 @@
 """`slea train`: the whole asynchronous system from one config.
 
-Services first (run directory, Redis, Ray), then the library writer and its Serve app, the
-learner (`learner.num_ranks` Ray actors; the driver talks to rank 0), and the actor pool, each
-placed by its own resources. The driver only watches: it supervises the pool, restarts a dead
+Services first (run directory, Redis, Ray), then the learner (`learner.num_ranks` Ray actors;
+the driver talks to rank 0), which loads while the library writer and its Serve app and then the
+actor pool start, each placed by its own resources. The driver only watches: it supervises the pool, restarts a dead
 learner or library writer (driver/supervision.py, up to run.max_failures), drains learner
 metrics into the run directory, and draws the progress display. Actors never wait for the
 learner and the learner never waits for a rollout phase; they meet in the stream and the weight
@@ -16,12 +16,16 @@ library snapshot, then stops Serve, Ray and the embedded Redis. A second Ctrl-C 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TypeVar
 
 import ray
 import redis
@@ -46,6 +50,7 @@ POLL_S = 2.0
 # terminationGracePeriodSeconds), or Kubernetes kills them before the checkpoint is on the claim.
 LEARNER_CHECKPOINT_WAIT_S = 600.0  # for the learner's final checkpoint (a large model's ZeRO state)
 LIBRARY_SNAPSHOT_WAIT_S = 300.0  # for the library writer's final snapshot
+T = TypeVar("T")
 
 
 def run_metrics(learner: dict, lags: dict[str, int], library: dict | None, pool: list[dict] | None = None) -> dict:
@@ -168,20 +173,28 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
     try:
         _check_gpus(config, console)
         sizer = PoolSizer(config, run_dir, console.note)  # first: a second driver of this run id stops here
+        # The learner loads while the library and the actors start: the actors play their first group
+        # with the initial weights meanwhile, which the learner would otherwise sit waiting for. A resumed
+        # run's pool waits for it, though: the learner rolls the admission counts back to its checkpoint
+        # on start (learner/admission_report.py), and the actors must not claim groups by the old ones.
+        ranks_text = f"{config.learner.num_ranks} DeepSpeed ranks" if config.learner.num_ranks > 1 else "DeepSpeed"
+        loading_learner = f"loading the learner ({config.model.name}, {ranks_text}, ZeRO-{config.learner.zero_stage})"
+        console.note(f"{loading_learner}, beside the start of the library and the actors ...")
+        started = time.monotonic()
+        learner_loaded = _in_background(lambda: (_start_learner(config, run_dir), started, time.monotonic()))
         if config.library.enabled:
             with console.phase("starting the experience library (writer, Ray Serve retrieval app, MiniLM embeddings)"):
                 library = _start_library(config, run_dir)
-        ranks_text = f"{config.learner.num_ranks} DeepSpeed ranks" if config.learner.num_ranks > 1 else "DeepSpeed"
-        with console.phase(
-            f"loading the learner ({config.model.name}, {ranks_text}, ZeRO-{config.learner.zero_stage})"
-        ):
-            learner = _start_learner(config, run_dir)
+        if resumed:
+            learner = _learner_when_loaded(learner_loaded, loading_learner, console)
         evals = _start_evaluator(config, run_dir)
         if evals is not None and not resumed and config.eval.before_training:
             evals.on_learner_step(0, final=True)  # the policy before any update: the curve's first point
         pool = ActorPool(config, config.redis.url)
         sizer.start(pool)  # actors.num_workers; `slea scale` and actors.autoscale resize it from here
         startup_s = console.elapsed()
+        if learner is None:
+            learner = _learner_when_loaded(learner_loaded, loading_learner, console)
         actors = config.actors
         console.note(
             f"{actors.num_workers} actor worker(s) x {actors.envs_per_worker} envs ({actors.engine}) play {config.envs.name} "
@@ -424,6 +437,33 @@ def _start_learner(config: SleaConfig, run_dir):
         if isinstance(exc.cause, LearnerMemoryError):  # a setting that cannot fit: retrying cannot help
             raise ConfigError(str(exc.cause)) from None
         raise
+    return learner
+
+
+def _in_background(start: Callable[[], T]) -> Future[T]:
+    """`start()` on a daemon thread, its result or exception in the future: a start-up step that
+    only waits on Ray overlaps the driver's next ones, and a run stopped meanwhile (Ctrl-C) does not
+    wait for it at exit (Ray's shutdown ends what it started)."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(start())
+        except BaseException as exc:  # the driver raises it where it waits for the result
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="slea-start", daemon=True).start()
+    return future
+
+
+def _learner_when_loaded(loaded: Future, doing: str, console: RunConsole):
+    """The supervised learner `loaded` gives (waiting for it, with a spinner, if it has not loaded yet),
+    and its start-up line with how long it took to load."""
+    if not loaded.done():
+        with console.phase("waiting for the learner to load"):
+            concurrent.futures.wait([loaded])
+    learner, started, finished = loaded.result()
+    console.note(f"{doing}: done in {finished - started:.1f} s")
     return learner
 
 
