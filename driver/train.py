@@ -193,13 +193,13 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
         pool = ActorPool(config, config.redis.url)
         sizer.start(pool)  # actors.num_workers; `slea scale` and actors.autoscale resize it from here
         startup_s = console.elapsed()
-        if learner is None:
-            learner = _learner_when_loaded(learner_loaded, loading_learner, console)
         actors = config.actors
         console.note(
             f"{actors.num_workers} actor worker(s) x {actors.envs_per_worker} envs ({actors.engine}) play {config.envs.name} "
             f"in groups of {actors.group_size}; each learner step trains on {config.learner.tasks_per_step} group(s)"
         )
+        if learner is None:
+            learner = _learner_when_loaded(learner_loaded, loading_learner, console)
         # Off a terminal (CI, kubectl logs, a pipe) the step, evaluation and pool lines are the display.
         live = (
             Live(console=console.console, refresh_per_second=1, transient=False)
