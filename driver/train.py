@@ -2,9 +2,9 @@
 
 Services first (run directory, Redis, Ray), then the learner (`learner.num_ranks` Ray actors;
 the driver talks to rank 0), which loads while the library writer and its Serve app and then the
-actor pool start, each placed by its own resources. The driver only watches: it supervises the pool, restarts a dead
-learner or library writer (driver/supervision.py, up to run.max_failures), drains learner
-metrics into the run directory, and draws the progress display. Actors never wait for the
+actor pool start, each placed by its own resources. The driver only watches: it supervises the
+pool, restarts a dead learner or library writer (driver/supervision.py, up to run.max_failures),
+drains learner metrics into the run directory, and draws the progress display. Actors never wait for the
 learner and the learner never waits for a rollout phase; they meet in the stream and the weight
 registry.
 
