@@ -4,9 +4,9 @@ Services first (run directory, Redis, Ray), then the learner (`learner.num_ranks
 the driver talks to rank 0), which loads while the library writer and its Serve app and then the
 actor pool start, each placed by its own resources. The driver only watches: it supervises the
 pool, restarts a dead learner or library writer (driver/supervision.py, up to run.max_failures),
-drains learner metrics into the run directory, and draws the progress display. Actors never wait for the
-learner and the learner never waits for a rollout phase; they meet in the stream and the weight
-registry.
+drains learner metrics into the run directory, and draws the progress display. Actors never wait
+for the learner and the learner never waits for a rollout phase; they meet in the stream and the
+weight registry.
 
 Stopping: the learner finishing `learner.max_steps` (or its step when `run.max_seconds` has
 passed), or Ctrl-C / SIGTERM, stops the actors from
@@ -16,7 +16,6 @@ library snapshot, then stops Serve, Ray and the embedded Redis. A second Ctrl-C 
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import logging
 import os
@@ -24,7 +23,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from typing import TypeVar
 
 import ray
@@ -181,12 +180,12 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
         loading_learner = f"loading the learner ({config.model.name}, {ranks_text}, ZeRO-{config.learner.zero_stage})"
         console.note(f"{loading_learner}, beside the start of the library and the actors ...")
         started = time.monotonic()
-        learner_loaded = _in_background(lambda: (_start_learner(config, run_dir), started, time.monotonic()))
+        learner_loaded = _in_background(lambda: (_start_learner(config, run_dir), time.monotonic()))
         if config.library.enabled:
             with console.phase("starting the experience library (writer, Ray Serve retrieval app, MiniLM embeddings)"):
                 library = _start_library(config, run_dir)
         if resumed:
-            learner = _learner_when_loaded(learner_loaded, loading_learner, console)
+            learner = _learner_when_loaded(learner_loaded, started, loading_learner, console)
         evals = _start_evaluator(config, run_dir)
         if evals is not None and not resumed and config.eval.before_training:
             evals.on_learner_step(0, final=True)  # the policy before any update: the curve's first point
@@ -198,8 +197,8 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
             f"{actors.num_workers} actor worker(s) x {actors.envs_per_worker} envs ({actors.engine}) play {config.envs.name} "
             f"in groups of {actors.group_size}; each learner step trains on {config.learner.tasks_per_step} group(s)"
         )
-        if learner is None:
-            learner = _learner_when_loaded(learner_loaded, loading_learner, console)
+        if not resumed:
+            learner = _learner_when_loaded(learner_loaded, started, loading_learner, console)
         # Off a terminal (CI, kubectl logs, a pipe) the step, evaluation and pool lines are the display.
         live = (
             Live(console=console.console, refresh_per_second=1, transient=False)
@@ -456,13 +455,13 @@ def _in_background(start: Callable[[], T]) -> Future[T]:
     return future
 
 
-def _learner_when_loaded(loaded: Future, doing: str, console: RunConsole):
-    """The supervised learner `loaded` gives (waiting for it, with a spinner, if it has not loaded yet),
-    and its start-up line with how long it took to load."""
+def _learner_when_loaded(loaded: Future, started: float, doing: str, console: RunConsole):
+    """The supervised learner `loaded` gives with the monotonic time it finished (waiting for it, with
+    a spinner, if it has not loaded yet), and its start-up line with how long it took from `started`."""
     if not loaded.done():
         with console.phase("waiting for the learner to load"):
-            concurrent.futures.wait([loaded])
-    learner, started, finished = loaded.result()
+            wait([loaded])
+    learner, finished = loaded.result()
     console.note(f"{doing}: done in {finished - started:.1f} s")
     return learner
 
