@@ -167,7 +167,7 @@ def step_breakdown(trace: list[dict], lines: list[dict], warmup_steps: int) -> S
 
 def _settings(model: str, run_dir: str, shape: BenchShape) -> list[str]:
     """The benchmark's run: configs/local.yaml with no library (its load is the same in both modes
-    and not what is compared), short alfworld episodes, no checkpoint before the end, no held-out
+    and not what is compared), short episodes of its games, no checkpoint before the end, no held-out
     evaluation, one worker playing `envs_per_worker` episodes at once, groups of 4."""
     return [
         f"run.dir={run_dir}",
@@ -235,9 +235,15 @@ def _breakdown(run_dir: Path, warmup_steps: int) -> StepBreakdown:
     return step_breakdown(trace, lines, warmup_steps)
 
 
-def bench_async(model: str = DEFAULT_MODEL, measured_steps: int | None = None, timeout_s: float = 600.0) -> dict:
-    """Both runs, their breakdowns and the attribution. `measured_steps` None: the model's default
-    (SHAPES; a model not listed there gets SmolLM2's shape); `timeout_s`: both runs together, start-up included."""
+def bench_async(
+    model: str = DEFAULT_MODEL,
+    measured_steps: int | None = None,
+    warmup_steps: int | None = None,
+    timeout_s: float = 600.0,
+) -> dict:
+    """Both runs, their breakdowns and the attribution. `measured_steps`, `warmup_steps` None: the
+    model's (SHAPES; a model not listed there gets SmolLM2's shape); `timeout_s`: both runs together,
+    start-up included."""
     shape = SHAPES.get(model, SHAPES[DEFAULT_MODEL])
     if measured_steps is not None:
         if measured_steps < 2:
@@ -245,6 +251,12 @@ def bench_async(model: str = DEFAULT_MODEL, measured_steps: int | None = None, t
                 f"--steps must be at least 2 (the actors' window spans steps - 1 intervals), not {measured_steps}"
             )
         shape = BenchShape(**{**asdict(shape), "measured_steps": measured_steps})
+    if warmup_steps is not None:
+        if warmup_steps < 1:
+            raise ValueError(
+                f"--warmup must be at least 1 (the first step includes loading the model), not {warmup_steps}"
+            )
+        shape = BenchShape(**{**asdict(shape), "warmup_steps": warmup_steps})
     deadline = time.monotonic() + timeout_s
     with tempfile.TemporaryDirectory(prefix="slea-bench-async-") as tmp:
         model_name = model

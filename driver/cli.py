@@ -214,7 +214,12 @@ def _run_bench(args: argparse.Namespace) -> tuple[int, dict | None, str | None]:
         from driver.bench_async import DEFAULT_MODEL, bench_async, format_report
 
         try:
-            result = bench_async(model=args.model or DEFAULT_MODEL, measured_steps=args.steps, timeout_s=args.timeout)
+            result = bench_async(
+                model=args.model or DEFAULT_MODEL,
+                measured_steps=args.steps,
+                warmup_steps=args.warmup,
+                timeout_s=args.timeout,
+            )
         except (TimeoutError, RuntimeError, ValueError) as exc:  # a run past the deadline, failed, or too few steps
             print(f"slea bench async: {exc}", file=sys.stderr)
             return 1, None, None
@@ -498,6 +503,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="async: learner steps measured per mode (default 6 tiny, 2 SmolLM2; more for a steadier figure)",
+    )
+    bench.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="async: learner steps left out at the start of each mode (default 3 tiny, 1 SmolLM2)",
     )
     bench.add_argument(
         "--timeout",

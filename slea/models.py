@@ -79,7 +79,14 @@ def convert_gguf(gguf: Path) -> Path:
     target = _gguf_cache_path(gguf)
     if (target / "config.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a pod's read-only image whose build did not bake this model
+        raise OSError(
+            f"cannot convert {gguf.name} into {target.parent} ({error.strerror}): the model cache "
+            "(SLEA_CACHE_DIR) must be writable for the first load, or already hold the converted "
+            "checkpoint, as the images bake it (deploy/docker/Dockerfile.cpu)"
+        ) from error
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     strip_gguf_quantizer(model)

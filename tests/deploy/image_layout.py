@@ -13,6 +13,7 @@ test_image_layout.py checks the table against it, so the runner cannot drift fro
 | /usr/local (python, `pip install .`: slea, ray)| the venv's interpreter prefix, and the venv first on   |
 |                                               | PATH                                                    |
 | SLEA_CACHE_DIR /opt/slea-cache (baked model)  | a directory the Dockerfile's own bake command fills     |
+|                                               | (or the tiny test policy: bake_tiny_policy)             |
 | HF_HOME /opt/hf                               | an empty directory (HF_HUB_OFFLINE=1: nothing fetched)  |
 | the OS (Debian: bash, wget, redis-tools)      | this machine's /usr, /etc, /bin, /lib, /lib64, /sbin    |
 
@@ -175,25 +176,53 @@ def interpreter_prefix() -> str:
     return sys.base_prefix
 
 
-def bake(directory: Path) -> dict[str, Path]:
-    """Run Dockerfile.cpu's model bake into `directory`: image path -> the directory standing for it."""
+TINY_POLICY = "/opt/slea-cache/tiny-policy"  # bake_tiny_policy's model, as the pods see it
+
+
+def image_caches(directory: Path) -> dict[str, Path]:
+    """Image path -> the empty directory under `directory` standing for it: SLEA_CACHE_DIR, HF_HOME."""
     dockerfile = read_dockerfile(DOCKERFILE_CPU)
     baked = {"/opt/slea-cache": directory / "slea-cache", "/opt/hf": directory / "hf"}
     assert dockerfile.env["SLEA_CACHE_DIR"] in baked and dockerfile.env["HF_HOME"] in baked
     for path in baked.values():
         path.mkdir(parents=True, exist_ok=True)
+    return baked
+
+
+def _readable(baked: dict[str, Path]) -> dict[str, Path]:
+    """An image's files are readable by every user: the pods run as 1000, not as this test's root."""
+    for path in baked.values():
+        subprocess.run(["chmod", "-R", "a+rX", str(path)], check=True)
+    return baked
+
+
+def bake(directory: Path) -> dict[str, Path]:
+    """Run Dockerfile.cpu's model bake into `directory`: image path -> the directory standing for it."""
+    baked = image_caches(directory)
     env = {**os.environ, "SLEA_CACHE_DIR": str(baked["/opt/slea-cache"]), "HF_HOME": str(baked["/opt/hf"])}
     subprocess.run(
-        [sys.executable, "-c", bake_command(dockerfile)],
+        [sys.executable, "-c", bake_command(read_dockerfile(DOCKERFILE_CPU))],
         check=True,
         env=env,
         cwd=REPO,
         timeout=900,
         capture_output=True,
     )
-    for path in baked.values():
-        subprocess.run(["chmod", "-R", "a+rX", str(path)], check=True)
-    return baked
+    return _readable(baked)
+
+
+def bake_tiny_policy(directory: Path) -> dict[str, Path]:
+    """The image's caches holding the tiny test policy at TINY_POLICY instead of the shipped model,
+    as an image built to serve a model of one's own bakes it (`model.name` then names its path):
+    for tests whose assertions are about the deployment, not about what the policy plays."""
+    from slea.models import tiny_model
+
+    baked = image_caches(directory)
+    policy, tokenizer = tiny_model(seed=1)
+    target = baked["/opt/slea-cache"] / Path(TINY_POLICY).name
+    policy.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    return _readable(baked)
 
 
 def slea_image(baked: dict[str, Path]) -> ImageLayout:

@@ -109,14 +109,14 @@ def test_step_breakdown_reads_the_trace_and_the_metrics_lines():
 @pytest.mark.slow
 def test_bench_async_tiny_prints_the_breakdown_and_its_attribution():
     result = subprocess.run(
-        [*SLEA, "bench", "async", "--json", "--model", "tiny", "--steps", "2", "--timeout", "900"],
+        [*SLEA, "bench", "async", "--json", "--model", "tiny", "--steps", "2", "--warmup", "1", "--timeout", "900"],
         capture_output=True,
         text=True,
         timeout=1000,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout)
-    assert figures["measured_steps"] == 2 and figures["learner_steps"] == 6
+    assert figures["measured_steps"] == 2 and figures["warmup_steps"] == 1 and figures["learner_steps"] == 4
     assert figures["speedup"] == pytest.approx(figures["sync_s_per_step"] / figures["async_s_per_step"], rel=0.02)
     for mode in ("sync", "async"):
         steps = figures[mode]
@@ -134,14 +134,20 @@ def test_bench_async_tiny_prints_the_breakdown_and_its_attribution():
     assert figures["attribution"].startswith(f"speedup {figures['speedup']:.2f} = overlap bound")
 
 
-def test_bench_async_refuses_fewer_than_two_measured_steps():
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--steps", "--steps must be at least 2 (the actors' window spans steps - 1 intervals), not 1"),
+        ("--warmup", "--warmup must be at least 1 (the first step includes loading the model), not 0"),
+    ],
+)
+def test_bench_async_refuses_too_few_measured_or_warm_up_steps(flag, message):
+    value = "1" if flag == "--steps" else "0"
     result = subprocess.run(
-        [*SLEA, "bench", "async", "--model", "tiny", "--steps", "1"], capture_output=True, text=True, timeout=120
+        [*SLEA, "bench", "async", "--model", "tiny", flag, value], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
-        "slea bench async: --steps must be at least 2 (the actors' window spans steps - 1 intervals), not 1"
-    )
+    assert result.stderr.strip().splitlines()[-1] == f"slea bench async: {message}"
 
 
 @pytest.mark.slow  # slea train starts Ray and the tiny model before the deadline stops it

@@ -59,3 +59,12 @@ def test_unknown_names_say_what_to_do(tmp_path):
         load_model("nobody/no-such-model-xyz")
     with pytest.raises(ValueError, match="dtype"):
         load_model(SHIPPED, dtype="int8")
+
+
+def test_a_model_cache_that_cannot_be_written_names_itself_and_the_bake(tmp_path, monkeypatch):
+    # A pod's read-only image is the case (tests/deploy/test_baked_model.py); as root here no mode
+    # stops a write, so the cache's parent is a file instead: the same OSError on the first mkdir.
+    (tmp_path / "not-a-directory").write_text("")
+    monkeypatch.setenv("SLEA_CACHE_DIR", str(tmp_path / "not-a-directory" / "cache"))
+    with pytest.raises(OSError, match=r"cannot convert .*\.gguf into .*not-a-directory.*SLEA_CACHE_DIR.*Dockerfile"):
+        resolve_checkpoint(SHIPPED)
