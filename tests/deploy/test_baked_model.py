@@ -18,6 +18,7 @@ import kuberay_pods
 import pytest
 from deployment import NAMESPACE, Deployment
 from image_layout import bake, image_caches
+from k8s_render import find
 from pod_network import can_make_pod_networks
 from required_tools import under_ci
 
@@ -26,14 +27,14 @@ pytestmark = pytest.mark.slow
 
 def _model_the_overlay_names(deployment: Deployment) -> str:
     """model.name from the RayJob's rendered entrypoint (the cpu-kind overlay's)."""
-    entrypoint = next(doc for doc in deployment.manifests if doc["kind"] == "RayJob")["spec"]["entrypoint"]
+    entrypoint = find(deployment.manifests, "RayJob", "slea-train")["spec"]["entrypoint"]
     return re.search(r"--set model\.name=(\S+)", entrypoint).group(1)
 
 
 def _run_in_learner_pod(deployment: Deployment, code: str, timeout_s: float = 300) -> tuple[int, str]:
     """The RayJob's learner worker pod as KubeRay makes it, its command replaced by `python -c code`
     (no init container waiting for a GCS, no probes, restartPolicy Never): (exit code, its log)."""
-    rayjob = next(doc for doc in deployment.manifests if doc["kind"] == "RayJob")
+    rayjob = find(deployment.manifests, "RayJob", "slea-train")
     pod = kuberay_pods.ray_pod(
         rayjob["spec"]["rayClusterSpec"], "learner", "bake-check", "bake-check-learner", NAMESPACE, "RayJob"
     )
