@@ -227,7 +227,7 @@ class Learner:
     def _trace(self, groups: list[ReadyGroup], restored: bool = False) -> None:
         """Append which groups this step trained on, right after publishing and before the checkpoint.
 
-        An audit trail across crashes (tests/test_fault_tolerance.py): a line whose learner_step is not
+        An audit trail across crashes (tests/helpers.py audit_the_stream): a line whose learner_step is not
         above the previous line's marks a restart from a checkpoint, which rolls back the later lines.
         A `restored` line trains nothing: a learner on a new Ray cluster announced its checkpoint's
         weights (at learner_step) under the next version number (learner/weights.py resume_version).

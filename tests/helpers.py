@@ -307,7 +307,7 @@ def audit_the_stream(
 
 def check_a_broken_run(run_dir, config, client) -> StreamAudit:
     """After a run broken on purpose (components killed mid-episode, a learner lost between
-    checkpoints; tests/test_fault_tolerance.py, tests/test_cluster_resume.py): the audit of the whole
+    checkpoints; tests/test_cluster_resume.py): the audit of the whole
     stream, and the marks the breakage must have left: episodes cut short and dropped as abandoned,
     updates rolled back and trained again, no group dropped for any other reason."""
     stream = config.stream_key()

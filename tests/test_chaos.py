@@ -1,8 +1,12 @@
 """Chaos (issues 22 and 36): `slea train` on a Ray cluster and a Redis of the test's own, bounded by
 run.max_seconds, while a seeded loop breaks one thing every 12-15 s: an actor worker, the learner,
 the library writer, a Serve replica (SIGKILL each), and Redis (SIGKILL, its AOF cut back to its size
-two seconds before: what `appendfsync everysec` may lose when the machine under Redis crashes). Each
-kind once in a seeded order, then more at random while the chaos window lasts.
+two seconds before: what `appendfsync everysec` may lose when the machine under Redis crashes; down
+3 s, past redis-py's own retries). Each kind once in a seeded order, then more at random while the
+chaos window lasts. What each fault leaves behind in the stream (episodes cut short and dropped as
+abandoned, lost updates trained again) is also checked after a whole cluster's loss
+(tests/test_cluster_resume.py); that a retrieval that fails or times out is counted as a miss and
+the step goes on without experiences, in tests/actors/test_retrieval_client.py.
 
 Healing is shown fault by fault, not by the run's end alone: the driver says the restart (its line
 for that component) and counts it (slea_run_component_restarts_total on its metrics port), and the
@@ -58,6 +62,9 @@ RUN_LIMIT_S = 480.0  # a hang guard for the whole `slea train` (about 270 s on a
 # appendfsync everysec: a machine's crash loses up to this much of the AOF (redis.conf: a slow fsync
 # in progress postpones the next write for up to 2 s)
 REDIS_FSYNC_S = 2.0
+# Redis stays down this long before it is started again: longer than redis-py's own few quick
+# retries, so the components' reconnect logic (redis.reconnect_max_s) must carry the outage.
+REDIS_OUTAGE_S = 3.0
 STUCK_S = 60.0  # at the end, no entry pending under the learner this long (group_timeout_s 30 + claim_idle_ms 10 s)
 KILLED = {  # fault kind -> the title prefix of the Ray worker process it kills
     "actor worker": "ray::ActorWorkerProcess",
@@ -189,7 +196,8 @@ class RunObserver:
 def crash_redis(server: EmbeddedRedis, observer: RunObserver) -> set[str]:
     """SIGKILL Redis, cut its AOF back to its size REDIS_FSYNC_S ago (the writes an OS crash takes
     with it under everysec; redis-server loads a cut tail, aof-load-truncated), start it again on
-    the same port and data; returns the entries it had accepted and no longer holds."""
+    the same port and data REDIS_OUTAGE_S later; returns the entries it had accepted and no longer
+    holds."""
     crashed_at = time.monotonic()
     crash_ms = int(time.time() * 1000)
     server.process.kill()
@@ -199,6 +207,7 @@ def crash_redis(server: EmbeddedRedis, observer: RunObserver) -> set[str]:
     current = observer.size_before(crashed_at)
     if synced is not None and current is not None and synced[0] == current[0]:  # no AOF rewrite in between
         os.truncate(synced[0], synced[1])
+    time.sleep(REDIS_OUTAGE_S)
     server.start()
     since = f"{crash_ms - 5000}-0"  # before the cut: what was trimmed by now is older than this
     held = {entry_id.decode() for entry_id, _ in observer.client.xrange(observer.stream, min=since)}
