@@ -328,6 +328,12 @@ def trained_trace(run_dir) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
 
 
+def trained_steps(run_dir) -> list[dict]:
+    """trained_trace() without its `restored` lines, which train nothing (a learner announcing its
+    checkpoint's weights under a new version number, learner/learner.py `_trace`): the steps trained."""
+    return [line for line in trained_trace(run_dir) if not line.get("restored")]
+
+
 def output_tail(path: Path, chars: int = 3000) -> str:
     """The end of a subprocess's captured output, for a failure message."""
     return path.read_text(errors="replace")[-chars:] if path.exists() else "(no output)"

@@ -41,7 +41,16 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import audit_the_stream, broken_run, entry_key, learner_metrics, output_tail, start_train, trained_trace
+from helpers import (
+    audit_the_stream,
+    broken_run,
+    entry_key,
+    learner_metrics,
+    output_tail,
+    start_train,
+    trained_steps,
+    trained_trace,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from library.persistence import latest_snapshot, parse_snapshot
@@ -249,7 +258,7 @@ def inflight_episodes(client: redis.Redis, run_id: str, worker: int | None = Non
 def follow(fault: Fault, observer: RunObserver, run_dir: Path, run_id: str, http_port: int, cluster) -> None:
     """Move `fault` on: its restart seen, then its component's own work."""
     now = time.monotonic()
-    trained = len([line for line in trained_trace(run_dir) if not line.get("restored")])
+    trained = len(trained_steps(run_dir))
     if fault.restarted_at is None:
         if fault.kind == "Redis":
             fault.restarted_at = fault.at  # the test restarted it

@@ -13,7 +13,7 @@ import signal
 import time
 
 import pytest
-from helpers import broken_run, output_tail, start_train, trained_trace
+from helpers import broken_run, output_tail, start_train, trained_steps, trained_trace
 
 from library.persistence import latest_snapshot
 from slea.embedded_redis import EmbeddedRedis
@@ -77,9 +77,9 @@ def test_a_hung_learner_is_restarted_and_past_max_failures_the_run_stops_naming_
     try:
         [hung] = cluster.processes("ray::LearnerProcess")
         hung.send_signal(signal.SIGSTOP)
-        trained_before = len(fresh_steps(run_dir))
+        trained_before = len(trained_steps(run_dir))
         deadline = time.monotonic() + 180
-        while len(fresh_steps(run_dir)) <= trained_before:  # the new learner's first step of its own
+        while len(trained_steps(run_dir)) <= trained_before:  # the new learner's first step of its own
             assert driver.poll() is None and time.monotonic() < deadline, (
                 f"no step trained after the hang (exit {driver.returncode}):\n{output_tail(log)}"
             )
@@ -101,9 +101,3 @@ def test_a_hung_learner_is_restarted_and_past_max_failures_the_run_stops_naming_
     assert driver.returncode == 1, f"slea train exited {driver.returncode}:\n{output_tail(log)}"
     assert re.search(r"slea: the learner died \(.+\) after 1 restart\(s\).+run\.max_failures=1", output), output[-3000:]
     assert latest_snapshot(run_dir) is not None, f"no final library snapshot:\n{output_tail(log)}"
-
-
-def fresh_steps(run_dir) -> list[dict]:
-    """The learner's trained steps, without the lines a restarted learner writes for the steps it
-    restored from its checkpoint."""
-    return [line for line in trained_trace(run_dir) if not line.get("restored")]

@@ -30,7 +30,7 @@ import pytest
 import redis
 import yaml
 from deployment import Attempt, Deployment
-from helpers import audit_the_stream, trained_trace
+from helpers import audit_the_stream, trained_steps
 from image_layout import TINY_POLICY, bake_tiny_policy
 from pod_network import can_make_pod_networks
 from pod_sandbox import NO_PROXY
@@ -103,11 +103,6 @@ def _checkpoint(run_dir: Path) -> dict | None:
     return json.loads((root / (root / "latest").read_text().strip() / "state.json").read_text())
 
 
-def _trained(run_dir: Path) -> list[dict]:
-    """The learner's trained steps so far (restored lines left out)."""
-    return [line for line in trained_trace(run_dir) if not line.get("restored")]
-
-
 def _start(deployment: Deployment, rayjob: dict, run_dir: Path) -> tuple[Attempt, list[str]]:
     """An attempt whose job is RUNNING, with the run's config on the claim."""
     attempt = deployment.start_attempt(rayjob, WORKERS)
@@ -170,12 +165,12 @@ def test_the_deployment_trains_through_what_a_cluster_does_to_it(tmp_path):
             assert all(c.ever_ready for c in deployment.node.pods[name].containers.values()), (
                 f"{name}: readiness never passed"
             )
-        _wait("a trained step", lambda: _trained(run_dir), 600, deployment, pods)
+        _wait("a trained step", lambda: trained_steps(run_dir), 600, deployment, pods)
         mark("first trained step")
 
         # 2. Redis SIGKILLed; the kubelet restarts it on the same claim; the run trains on.
         entries = [entry_id for entry_id, _ in client.xrange(stream)]
-        trained = len(_trained(run_dir))
+        trained = len(trained_steps(run_dir))
         killed_at = time.monotonic()
         deployment.node.kill_container(redis_pod.name, "redis")
         _wait("Redis restarted", lambda: redis_pod.containers["redis"].restarts == 1, 60, deployment, pods)
@@ -183,7 +178,9 @@ def test_the_deployment_trains_through_what_a_cluster_does_to_it(tmp_path):
         assert [entry_id for entry_id, _ in client.xrange(stream, count=len(entries))] == entries, (
             "the stream lost entries across the restart: the AOF on the claim did not bring them back"
         )
-        _wait("a step trained after Redis came back", lambda: len(_trained(run_dir)) > trained, 600, deployment, pods)
+        _wait(
+            "a step trained after Redis came back", lambda: len(trained_steps(run_dir)) > trained, 600, deployment, pods
+        )
         mark(f"Redis SIGKILLed, restarted, trained on after {time.monotonic() - killed_at:.0f} s")
 
         # 3. The head pod deleted: the preStop hook's graceful stop writes to the claim.
@@ -192,9 +189,12 @@ def test_the_deployment_trains_through_what_a_cluster_does_to_it(tmp_path):
         assert "preStop exited 0" in report["ray-head"], report
         checkpoint = _checkpoint(run_dir)
         assert checkpoint is not None, f"no checkpoint after the head's deletion: {report}"
-        assert checkpoint["version"] == _trained(run_dir)[-1]["policy_version"], (checkpoint, _trained(run_dir)[-1])
+        assert checkpoint["version"] == trained_steps(run_dir)[-1]["policy_version"], (
+            checkpoint,
+            trained_steps(run_dir)[-1],
+        )
         assert latest_snapshot(run_dir) is not None, f"no library snapshot after the head's deletion: {report}"
-        trained = len(_trained(run_dir))
+        trained = len(trained_steps(run_dir))
         mark(f"head deleted at policy v{checkpoint['version']}: {report['ray-head']}")
         deployment.lose_attempt(first)  # KubeRay deletes the rest of the RayCluster before the retry
 
@@ -205,8 +205,8 @@ def test_the_deployment_trains_through_what_a_cluster_does_to_it(tmp_path):
         # 5. The retry resumes the run from the graceful stop's checkpoint; the RayService serves its
         # library while it trains; it trains to the end, and the stream adds up.
         second, pods = _start(deployment, rayjob, run_dir)
-        _wait("a step trained in the retry", lambda: len(_trained(run_dir)) > trained, 600, deployment, pods)
-        resumed = _trained(run_dir)[trained]
+        _wait("a step trained in the retry", lambda: len(trained_steps(run_dir)) > trained, 600, deployment, pods)
+        resumed = trained_steps(run_dir)[trained]
         assert resumed["policy_version"] == checkpoint["version"] + 1, (checkpoint, resumed)
         mark("the retry resumed from the checkpoint and trained")
         serve = deployment.node.pods[service.workers["library"][0]].ip
