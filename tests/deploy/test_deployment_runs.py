@@ -44,7 +44,10 @@ pytestmark = pytest.mark.whole_run  # slow too (tests/conftest.py)
 
 RUN = "cluster-deploy"  # a new run is a new slea.io/run label (deploy/README.md), under the ACL's slea:cluster*
 GROUP_SIZE = 2
-MAX_STEPS = 12  # the first attempt is stopped within a few steps after Redis's restart; the retry trains the rest
+# The first attempt is stopped some steps after Redis's restart and the retry trains the rest: the
+# tiny policy trains a step every few seconds, and with 12 the first attempt once reached v12 before
+# its head was deleted (an AMX Xeon, 2026-12-07), leaving the retry nothing to train.
+MAX_STEPS = 20
 SETTINGS = [  # appended to the overlay's entrypoint: this machine's sizes
     f"model.name={TINY_POLICY}",
     "actors.num_workers=1",
