@@ -1,6 +1,7 @@
 """docs/learning.md cites only runs that are in the repository: each run it names under
-docs/learning/runs/ (the study) or docs/learning/superseded/ (runs of a config since changed) is
-committed there with what `slea compare --by-preset` reads."""
+docs/learning/slea-vs-grpo/ (issue 37's study), docs/learning/runs/ (the first study) or
+docs/learning/superseded/ (runs of a config since changed) is committed there with what `slea
+compare --by-preset` reads, and the intervals it and README.md lead with recompute from those runs."""
 
 import math
 import re
@@ -17,14 +18,16 @@ KEPT = ("config.yaml", "metrics.jsonl", "episodes.jsonl", "comparison-done")
 
 
 def cited_runs(text: str) -> set[str]:
-    """`runs/<id>`, `superseded/<id>` or `slea-vs-grpo/<id>` of docs/learning/ paths (not placeholders such as <id> or a glob)."""
-    return set(re.findall(r"docs/learning/((?:runs|superseded|slea-vs-grpo)/[A-Za-z0-9_.+-]+)", text))
+    """`runs/<id>`, `superseded/<id>` or `slea-vs-grpo/<id>` of docs/learning/ paths (not placeholders
+    such as <id> or a glob, nor a study's tables and plots beside its runs: study.md, *.png)."""
+    paths = re.findall(r"docs/learning/((?:runs|superseded|slea-vs-grpo)/[A-Za-z0-9_.+-]+)", text)
+    return {path for path in paths if not path.endswith((".md", ".png"))}
 
 
 def test_cited_runs_are_found_in_paths_not_in_placeholders():
     text = (
         "see docs/learning/runs/tw-slea-s0/ and docs/learning/runs/<id>/ and `docs/learning/runs/*/`"
-        " and docs/learning/superseded/tw-slea-s0-lr2e-5/"
+        " and docs/learning/superseded/tw-slea-s0-lr2e-5/ and docs/learning/slea-vs-grpo/study.md"
     )
     assert cited_runs(text) == {"runs/tw-slea-s0", "superseded/tw-slea-s0-lr2e-5"}
 
@@ -67,27 +70,55 @@ def points(value) -> str:
     return f"{100 * value.mean:+.1f} ±{100 * value.half_width:.1f} [{100 * value.low:+.1f}, {100 * value.high:+.1f}]"
 
 
-def test_the_headline_seed_intervals_recompute_from_the_kept_runs():
-    """docs/learning.md leads with SLEA - GRPO over seeds and each arm against the base model: they
-    are what `slea compare --by-preset` computes from the kept runs of the first study."""
+def short(value) -> str:
+    """A seed interval as README.md gives it: the mean and its interval, without the half-width."""
+    return f"{100 * value.mean:+.1f} [{100 * value.low:+.1f}, {100 * value.high:+.1f}]"
+
+
+def success_of(found, arm: str, view: str, step: int):
+    return cells_of(found[(arm, view, step)], "success")
+
+
+def test_the_headline_recomputes_from_the_kept_runs_of_slea_against_grpo():
+    """docs/learning.md and README.md lead with issue 37's study: SLEA - GRPO after update 16, as
+    deployed and for the policy alone, paired by seed over the 8 seeds of each arm (7 degrees of
+    freedom, as planned before the runs), and each arm against the base model: what `slea compare
+    --by-preset` computes from the runs kept in docs/learning/slea-vs-grpo/."""
+    runs = sorted(done.parent for done in (REPO / "docs" / "learning" / "slea-vs-grpo").glob("*/comparison-done"))
+    found, seeds = study_cells(runs), training_seeds(runs)
+    assert sorted(seeds.values()) == sorted(list(range(8)) * 2), seeds
+    doc, readme = (REPO / "docs" / "learning.md").read_text(), (REPO / "README.md").read_text()
+    for view in ("deployed", "policy_alone"):
+        slea_grpo = seed_level(success_of(found, "slea", view, 16), success_of(found, "grpo", view, 16), seeds)
+        assert (slea_grpo.method, slea_grpo.seeds, slea_grpo.df) == ("paired", 8, 7.0)
+        assert f"**{points(slea_grpo)}**" in doc, f"SLEA - GRPO {view}: {points(slea_grpo)} is not in docs/learning.md"
+        assert short(slea_grpo) in readme, f"SLEA - GRPO {view}: {short(slea_grpo)} is not in README.md"
+    base = success_of(found, BASE, "deployed", 0)
+    noise = evaluation_variance(found[(BASE, "deployed", 0)], "success")
+    for arm, view in (("slea", "deployed"), ("slea", "policy_alone"), ("grpo", "deployed")):
+        value = seed_level(success_of(found, arm, view, 16), base, seeds, noise)
+        assert points(value) in doc, f"{arm} {view} - base model: {points(value)} is not in docs/learning.md"
+        assert short(value) in readme, f"{arm} {view} - base model: {short(value)} is not in README.md"
+
+
+def test_the_first_studys_seed_intervals_recompute_from_its_kept_runs():
+    """docs/learning.md keeps the first study's (issue 21's) table over seeds: what `slea compare
+    --by-preset` computes from the kept runs in docs/learning/runs/."""
     runs = sorted((REPO / "docs" / "learning" / "runs").glob("*/"))
     found, seeds = study_cells(runs), training_seeds(runs)
-    doc, readme = (REPO / "docs" / "learning.md").read_text(), (REPO / "README.md").read_text()
-
-    def success(arm, view, step):
-        return cells_of(found[(arm, view, step)], "success")
-
-    slea_grpo = seed_level(success("slea", "deployed", 16), success("grpo", "deployed", 16), seeds)
+    doc = (REPO / "docs" / "learning.md").read_text()
+    slea_grpo = seed_level(success_of(found, "slea", "deployed", 16), success_of(found, "grpo", "deployed", 16), seeds)
     assert slea_grpo.method == "paired" and points(slea_grpo) == "+3.1 ±13.7 [-10.6, +16.8]"
-    assert f"**{points(slea_grpo)}**" in doc and "+3.1 points [-10.6, +16.8]" in readme
-    alone = seed_level(success("slea", "policy_alone", 16), success("grpo", "policy_alone", 16), seeds)
-    assert points(alone) in doc and "+4.5 [+1.5, +7.5]" in readme
-    base = success(BASE, "deployed", 0)
+    assert points(slea_grpo) in doc
+    alone = seed_level(
+        success_of(found, "slea", "policy_alone", 16), success_of(found, "grpo", "policy_alone", 16), seeds
+    )
+    assert points(alone) in doc
+    base = success_of(found, BASE, "deployed", 0)
     noise = evaluation_variance(found[(BASE, "deployed", 0)], "success")
     for arm, view in (("slea", "deployed"), ("slea", "policy_alone"), ("grpo", "deployed"), ("slea+edge", "deployed")):
-        value = seed_level(success(arm, view, 16), base, seeds, noise)
+        value = seed_level(success_of(found, arm, view, 16), base, seeds, noise)
         assert points(value) in doc, f"{arm} {view} - base model: {points(value)} is not in docs/learning.md"
-        assert f"{points(value).split(' ')[0]} {points(value).split(' ', 2)[2]}" in readme
 
 
 def test_the_planned_half_width_is_the_first_studys_paired_sd_over_8_seeds():
