@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The TextWorld learning study of docs/learning.md ("Planned study", issue 37): SLEA against GRPO
+# The TextWorld learning study of docs/learning.md (issue 37, "How the study of issue 37 was run"): SLEA against GRPO
 # only, training seeds 0-7 for both arms (a seed's two runs share its task stream, so the
 # difference is paired by seed), one run after the other (two learners do not fit in 24 GiB
 # together), from configs/textworld-study.yaml (16 updates of 8 episodes; held-out evaluations before

@@ -30,7 +30,7 @@ from slea.config import load_config
 REPO = Path(__file__).resolve().parents[3]
 # The learning configs and the embedded default: the ones whose runs the docs report on.
 CONFIGS = ("configs/local.yaml", "configs/textworld-learning.yaml", "configs/textworld-study.yaml")
-STUDY_SEEDS = range(8)  # the planned study's training seeds (docs/learning.md, "Planned study")
+STUDY_SEEDS = range(8)  # issue 37 study's training seeds (docs/learning.md, "How the study of issue 37 was run")
 TRAINING_DRAWS = 4  # per seed: the first tasks each seed's sampler draws
 
 
