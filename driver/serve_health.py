@@ -7,19 +7,24 @@ controller's own log file. So the driver reports both moments the way it reports
 makes itself (driver/supervision.py): a line in the run's log and one more in
 slea_run_component_restarts_total{component="serve_replica"} (alert SleaComponentRestarts).
 
-A replacement faster than one poll (SERVE_POLL_S) is not seen; Serve's health check period (10 s
-by default) and a replica's start (MiniLM loads in seconds) keep it UNHEALTHY for longer than that."""
+The UNHEALTHY spell lasts from Serve's health check noticing the death (every 10 s by default) to
+the replacement's start (MiniLM loads in seconds), so it is asked about on a thread of its own
+every SERVE_POLL_S: the driver's own loop can be held far longer than that (a call into a library
+writer that is restarting waits out its timeout), and a chaos run (tests/test_chaos.py) that
+polled from that loop missed a whole replacement. A replacement faster than one poll is still not
+seen."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import time
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 from monitoring.metrics import metric
 
 log = logging.getLogger(__name__)
-SERVE_POLL_S = 2.0  # at most one `serve.status()` (one call to Serve's controller) this often
+SERVE_POLL_S = 2.0  # one `serve.status()` (one call to Serve's controller) this often
 REPLICA_COMPONENT = "serve_replica"  # the component label of slea_run_component_restarts_total
 
 
@@ -44,17 +49,12 @@ class ServeHealth:
         app_name: str,
         say: Callable[[str], None],
         statuses: Callable[[str], dict[str, tuple[str, str]]] = serve_deployment_statuses,
-        clock: Callable[[], float] = time.monotonic,
     ):
-        self.app_name, self.say, self.statuses, self.clock = app_name, say, statuses, clock
+        self.app_name, self.say, self.statuses = app_name, say, statuses
         self.replaced = 0  # replica failures seen so far
         self._unhealthy: set[str] = set()  # deployments now UNHEALTHY
-        self._polled_at = -float("inf")
 
     def poll(self) -> None:
-        if self.clock() - self._polled_at < SERVE_POLL_S:
-            return
-        self._polled_at = self.clock()
         try:
             statuses = self.statuses(self.app_name)
         except Exception as exc:  # Serve's controller restarting: it is asked again at the next poll
@@ -69,3 +69,21 @@ class ServeHealth:
             elif status == "HEALTHY" and name in self._unhealthy:
                 self._unhealthy.discard(name)
                 self.say(f"{name} is healthy again: Serve replaced its failed replica")
+
+    @contextlib.contextmanager
+    def watching(self, every_s: float = SERVE_POLL_S) -> Iterator[ServeHealth]:
+        """poll() every `every_s` on a daemon thread of its own while the block runs, whatever the
+        caller's thread is waiting on; the thread has stopped when the block ends."""
+        stopping = threading.Event()
+
+        def watch() -> None:
+            while not stopping.wait(every_s):
+                self.poll()
+
+        thread = threading.Thread(target=watch, name="slea-serve-health", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stopping.set()
+            thread.join()

@@ -217,11 +217,12 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
             console=console,
             evals=evals,
             live=live,
-            serve_health=ServeHealth(LIBRARY_APP, console.note) if library is not None else None,
         )
         stop_at = None if config.run.max_seconds is None else time.monotonic() + config.run.max_seconds
         time_is_up = False
-        with live or contextlib.nullcontext():
+        # Serve heals the library's replicas itself; the driver says so from a thread of its own
+        serve_health = ServeHealth(LIBRARY_APP, console.note).watching() if library is not None else None
+        with live or contextlib.nullcontext(), serve_health or contextlib.nullcontext():
             while True:
                 # A dead learner or library writer is restarted here (driver/supervision.py).
                 finished = supervisor.finished(learner, timeout_s=POLL_S)
@@ -343,10 +344,8 @@ class Watch:
         console: RunConsole,
         evals=None,
         live: Live | None = None,
-        serve_health: ServeHealth | None = None,
     ):
         self.config, self.client, self.pool, self.sizer = config, client, pool, sizer
-        self.serve_health = serve_health  # the library's Serve replicas, when the run has a library
         self.stream = config.stream_key()
         self.trimmed_groups = list(stream_groups(config))
         self.drain_learner, self.library_stats = drain_learner, library_stats
@@ -369,8 +368,6 @@ class Watch:
             self.console.note(
                 f"[yellow]actor worker {index} restarted[/] ({why}): its episodes in flight are marked abandoned"
             )
-        if self.serve_health is not None:
-            self.serve_health.poll()
         self.groups = with_reconnect(self._groups_and_trim, max_wait_s=self.config.redis.reconnect_max_s)
         lags = {name: group.lag for name, group in self.groups.items()}
         self.stats = self.library_stats()
