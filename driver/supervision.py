@@ -16,28 +16,56 @@ deadlock, a stuck collective). Its heartbeat is the stream itself: the last entr
 group was given. When entries wait for the group and none is given for `run.hang_timeout_s`, the
 component is restarted as if it had died. The driver's calls into a component time out
 (CALL_TIMEOUT_S), so a hung one cannot hang the driver too.
+
+A restart runs on a thread of its own (`in_background`): a learner's rebuild waits for every rank
+to load the model and join DeepSpeed, tens of seconds here and minutes for a large model on a
+cluster, and the driver's loop goes on meanwhile: the actor workers' restarts, the other
+component, the stream's trimming, the pool's sizing and the display do not wait for it. Calls into
+a component that is restarting answer their default at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import ray
 
 from monitoring.metrics import metric
 from slea.stream_admin import GroupStats
 
+T = TypeVar("T")
 ERROR_CHARS = 300  # of a dead component's error in the console line and the final message
 CALL_TIMEOUT_S = 10.0  # a call the driver makes into a component (its actors serve calls concurrently)
 
 
 class ComponentFailed(RuntimeError):
     """A component failed once more than `run.max_failures` allows within the window: the run stops."""
+
+
+def in_background(start: Callable[[], T]) -> Future[T]:
+    """`start()` on a daemon thread, its result or exception in the future: a start that only waits
+    on Ray overlaps the driver's own work (the learner's first load beside the library and the
+    actors, every restart), and a run stopped meanwhile (Ctrl-C) does not wait for it at exit (Ray's
+    shutdown ends what it started)."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(start())
+        except BaseException as exc:  # the caller raises or counts it where it reads the result
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="slea-start", daemon=True).start()
+    return future
 
 
 @dataclass
@@ -53,9 +81,38 @@ class Supervised:
     handles: list = field(default_factory=list)
     runs: list = field(default_factory=list)
     last_read: tuple[str, float] = ("", 0.0)  # (its group's last delivered entry, clock() when first seen)
+    starting: Future | None = None  # a restart's start() in flight on a thread of its own
+    _asking: dict[str, Any] = field(default_factory=dict)  # method -> its call in flight (latest())
+    _answers: dict[str, Any] = field(default_factory=dict)  # method -> its last answer (latest())
 
     def launch(self) -> None:
-        self.handles, self.runs = self.start()
+        """Start it and wait until it is up (the run's first start: the driver has nothing else to do yet)."""
+        self._adopt(self.start())
+
+    def relaunch(self) -> None:
+        """Start it again on a thread of its own; `settle` picks the result up."""
+        self.handles, self.runs, self._asking = [], [], {}
+        self.starting = in_background(self.start)
+
+    def settle(self, timeout_s: float = 0.0) -> BaseException | None:
+        """Wait up to `timeout_s` for a restart in flight: once it is done the component runs on its
+        new actors (`starting` is None again), or the start's exception is returned for the
+        supervisor to count."""
+        if self.starting is None:
+            return None
+        try:
+            started = self.starting.result(timeout=timeout_s)
+        except FutureTimeout:
+            return None
+        except Exception as exc:  # any start failure is the component's, not the driver's
+            self.starting = None
+            return exc
+        self.starting = None
+        self._adopt(started)
+        return None
+
+    def _adopt(self, started: tuple[list, list]) -> None:
+        self.handles, self.runs = started
         self.last_read = ("", 0.0)  # the next heartbeat check starts counting
 
     @property
@@ -63,12 +120,28 @@ class Supervised:
         return self.handles[0]
 
     def call(self, method: str, default=None):
-        """`head.method()`, or `default` while it is dead or does not answer within CALL_TIMEOUT_S
-        (the next check restarts a dead one; the heartbeat a hung one)."""
+        """`head.method()`, or `default` while it is restarting, dead or does not answer within
+        CALL_TIMEOUT_S (the next check restarts a dead one; the heartbeat a hung one)."""
+        if not self.handles:
+            return default
         try:
             return ray.get(getattr(self.head, method).remote(), timeout=CALL_TIMEOUT_S)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return default
+
+    def latest(self, method: str, default=None):
+        """The newest answer of `head.method()` that has come back, without waiting: one call in
+        flight at a time, asked again once it answered. A component that is restarting, still being
+        constructed or busy gives its last answer (or `default`) instead of holding up the driver."""
+        if self.handles:
+            if method not in self._asking:
+                self._asking[method] = getattr(self.head, method).remote()
+            ready, _ = ray.wait([self._asking[method]], timeout=0)
+            if ready:
+                asked = self._asking.pop(method)
+                with contextlib.suppress(ray.exceptions.RayError):  # died meanwhile: its restart comes next
+                    self._answers[method] = ray.get(asked)
+        return self._answers.get(method, default)
 
     def kill(self) -> None:
         for handle in self.handles:
@@ -98,7 +171,13 @@ class Supervisor:
 
     def finished(self, component: Supervised, timeout_s: float = 0.0) -> bool:
         """Wait up to `timeout_s` for a run() to return: True when the component finished its work
-        (the learner at learner.max_steps); a failure restarts it (or raises ComponentFailed)."""
+        (the learner at learner.max_steps); a failure restarts it (or raises ComponentFailed), as
+        does a restart whose start failed."""
+        if component.starting is not None:
+            failed = component.settle(timeout_s)
+            if failed is not None:
+                self.restart(component, f"its restart failed ({describe(failed)})")
+            return False
         done, _ = ray.wait(component.runs, timeout=timeout_s)
         if not done:
             return False
@@ -117,7 +196,7 @@ class Supervisor:
         """Restart the component when entries have waited for its consumer group (lag > 0) and
         none was given to it for `hang_timeout_s`: it is alive but makes no progress."""
         now = self.clock()
-        if self.hang_timeout_s is None or group is None:
+        if self.hang_timeout_s is None or group is None or component.starting is not None:
             return
         last_id, since = component.last_read
         if group.lag == 0 or group.last_delivered_id != last_id:
@@ -130,22 +209,18 @@ class Supervisor:
             )
 
     def restart(self, component: Supervised, error: str) -> None:
-        """Kill what is left of the component and start it again; a start that raises is one more
-        failure and is tried again, until the budget runs out (ComponentFailed)."""
-        while True:
-            component.kill()  # a rank that raised is still alive, holding its ports, memory and process group
-            self._count_failure(component, error)
-            self.restarts += 1
-            metric("run_component_restarts_total").labels(component=component.name.replace(" ", "_")).inc()
-            self.say(
-                f"[yellow]{component.name} died[/] ({error}): restarting from {component.resumes_from()}, "
-                f"failure {len(self._failures)} of {self.max_failures} within {self.window_s:g} s"
-            )
-            try:
-                component.launch()
-                return
-            except Exception as exc:  # any start failure is the component's, not the driver's
-                error = f"its restart failed ({describe(exc)})"
+        """Kill what is left of the component and start it again in the background (`finished`
+        picks the start up; one that raises is one more failure, restarted in turn), until the
+        budget runs out (ComponentFailed)."""
+        component.kill()  # a rank that raised is still alive, holding its ports, memory and process group
+        self._count_failure(component, error)
+        self.restarts += 1
+        metric("run_component_restarts_total").labels(component=component.name.replace(" ", "_")).inc()
+        self.say(
+            f"[yellow]{component.name} died[/] ({error}): restarting from {component.resumes_from()}, "
+            f"failure {len(self._failures)} of {self.max_failures} within {self.window_s:g} s"
+        )
+        component.relaunch()
 
     def _count_failure(self, component: Supervised, error: str) -> None:
         now = self.clock()

@@ -20,11 +20,9 @@ import contextlib
 import logging
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, wait
-from typing import TypeVar
 
 import ray
 import redis
@@ -49,7 +47,6 @@ POLL_S = 2.0
 # terminationGracePeriodSeconds), or Kubernetes kills them before the checkpoint is on the claim.
 LEARNER_CHECKPOINT_WAIT_S = 600.0  # for the learner's final checkpoint (a large model's ZeRO state)
 LIBRARY_SNAPSHOT_WAIT_S = 300.0  # for the library writer's final snapshot
-T = TypeVar("T")
 
 
 def run_metrics(learner: dict, lags: dict[str, int], library: dict | None, pool: list[dict] | None = None) -> dict:
@@ -147,7 +144,7 @@ def _train(config: SleaConfig, run_dir, console: RunConsole, resumed: bool) -> i
 def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False) -> int:
     from actors.pool import ActorPool
     from driver.pool_control import PoolSizer
-    from driver.supervision import Supervisor
+    from driver.supervision import Supervisor, in_background
 
     client = connect(config.redis)
     unread = create_stream_groups(client, config)
@@ -180,7 +177,7 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
         loading_learner = f"loading the learner ({config.model.name}, {ranks_text}, ZeRO-{config.learner.zero_stage})"
         console.note(f"{loading_learner}, beside the start of the library and the actors ...")
         started = time.monotonic()
-        learner_loaded = _in_background(lambda: (_start_learner(config, run_dir), time.monotonic()))
+        learner_loaded = in_background(lambda: (_start_learner(config, run_dir), time.monotonic()))
         if config.library.enabled:
             with console.phase("starting the experience library (writer, Ray Serve retrieval app, MiniLM embeddings)"):
                 library = _start_library(config, run_dir)
@@ -211,7 +208,7 @@ def _run(config: SleaConfig, run_dir, console: RunConsole, resumed: bool = False
             pool,
             sizer,
             drain_learner=lambda: learner.call("drain_metrics", default=[]),  # a dead learner's restart comes next
-            library_stats=(lambda: library.call("stats")) if library is not None else lambda: None,
+            library_stats=(lambda: library.latest("stats")) if library is not None else lambda: None,
             progress=progress,
             recorder=recorder,
             console=console,
@@ -436,22 +433,6 @@ def _start_learner(config: SleaConfig, run_dir):
     return learner
 
 
-def _in_background(start: Callable[[], T]) -> Future[T]:
-    """`start()` on a daemon thread, its result or exception in the future: a start-up step that
-    only waits on Ray overlaps the driver's next ones, and a run stopped meanwhile (Ctrl-C) does not
-    wait for it at exit (Ray's shutdown ends what it started)."""
-    future: Future[T] = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(start())
-        except BaseException as exc:  # the driver raises it where it waits for the result
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name="slea-start", daemon=True).start()
-    return future
-
-
 def _learner_when_loaded(loaded: Future, started: float, doing: str, console: RunConsole):
     """The supervised learner `loaded` gives with the monotonic time it finished (waiting for it, with
     a spinner, if it has not loaded yet), and its start-up line with how long it took from `started`."""
@@ -531,12 +512,12 @@ def _shutdown(pool, learner, library, recorder, own_ray: bool) -> None:
     failed ... will be retried" as the run's last word."""
     if pool is not None:
         pool.stop()
-    if learner is not None:
+    if learner is not None and learner.handles:  # one restarting has nothing newer than its checkpoint
         learner.head.stop.remote()
         ray.wait(learner.runs, num_returns=len(learner.runs), timeout=LEARNER_CHECKPOINT_WAIT_S)
         for metrics in learner.call("drain_metrics", default=[]):
             recorder.record(metrics["learner_step"], run_metrics(metrics, {}, None))
-    if library is not None:
+    if library is not None and library.handles:
         library.head.stop.remote()
         ray.wait(library.runs, timeout=LIBRARY_SNAPSHOT_WAIT_S)
         if not own_ray:

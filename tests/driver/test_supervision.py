@@ -21,6 +21,7 @@ from driver.supervision import (
     Supervisor,
     checkpoint_text,
     describe,
+    in_background,
     snapshot_text,
 )
 from slea.stream_admin import GroupStats
@@ -151,36 +152,68 @@ def test_what_a_restart_resumes_from(tmp_path):
     assert snapshot_text(tmp_path) == "snapshot v000000012"
 
 
-class Flaky:
-    """A supervised component without Ray: its first `failing_starts` launches raise."""
+def test_a_start_up_step_in_the_background_hands_over_its_result_or_its_error():
+    release = threading.Event()
+    loaded = in_background(lambda: release.wait(5) and "learner")
+    assert not loaded.done()  # the driver goes on while it loads
+    release.set()
+    assert loaded.result(timeout=5) == "learner"
 
-    name = "learner"
+    def fails():
+        raise ValueError("learner.micro_batch_tokens does not fit")
 
-    def __init__(self, failing_starts: int = 0):
-        self.failing_starts, self.launches, self.kills = failing_starts, 0, 0
+    with pytest.raises(ValueError, match="micro_batch_tokens"):
+        in_background(fails).result(timeout=5)
 
-    def launch(self) -> None:
-        self.launches += 1
-        if self.failing_starts:
-            self.failing_starts -= 1
-            raise RuntimeError("no node can place the learner's ranks")
 
-    def kill(self) -> None:
-        self.kills += 1
+def started_by(outcomes: list) -> Supervised:
+    """A supervised component without Ray whose starts take the next of `outcomes`: an exception
+    is raised, a threading.Event is waited for (then it comes up), anything else is what it starts."""
 
-    def resumes_from(self) -> str:
-        return "checkpoint v3 (learner step 3)"
+    def start():
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        if isinstance(outcome, threading.Event):
+            assert outcome.wait(timeout=30), "the test never let the start finish"
+        return ["its actor"], ["its run"]
+
+    return Supervised("learner", start, lambda: "checkpoint v3 (learner step 3)", group="learner")
+
+
+def test_a_restart_runs_beside_the_driver_which_goes_on_meanwhile():
+    """A learner's rebuild takes as long as its ranks take to load (minutes for a large model): the
+    restart returns at once, calls into the component answer their default without waiting, its
+    heartbeat is not checked, and the driver's next polls pick the new actors up once they are there."""
+    lines: list[str] = []
+    supervisor = Supervisor(max_failures=3, say=lines.append, hang_timeout_s=1, clock=lambda: 1e9)
+    rebuilt = threading.Event()
+    learner = started_by([rebuilt])
+    started = time.monotonic()
+    supervisor.restart(learner, "its process died")
+    assert learner.starting is not None and time.monotonic() - started < 1.0
+    assert learner.call("drain_metrics", default=[]) == [] and learner.latest("stats", default="none") == "none"
+    supervisor.check_heartbeat(learner, _group(lag=5, last_delivered_id="17-0"))  # restarting: not hung
+    assert not supervisor.finished(learner, timeout_s=0.1) and learner.starting is not None
+    rebuilt.set()
+    assert not supervisor.finished(learner, timeout_s=30)
+    assert learner.starting is None and learner.handles == ["its actor"] and learner.runs == ["its run"]
+    assert supervisor.restarts == 1 and len(lines) == 1, lines
 
 
 def test_a_restart_that_fails_counts_as_a_failure_and_is_tried_again():
     lines: list[str] = []
     supervisor = Supervisor(max_failures=3, say=lines.append)
-    learner = Flaky(failing_starts=1)
-    supervisor.restart(learner, "its process died")  # the rebuild raises once, then comes up
-    assert learner.launches == 2 and learner.kills == 2 and supervisor.restarts == 2
+    learner = started_by([RuntimeError("no node can place the learner's ranks"), threading.Event()])
+    supervisor.restart(learner, "its process died")
+    assert not supervisor.finished(learner, timeout_s=30)  # the rebuild raised: one more failure, restarted
+    assert supervisor.restarts == 2 and learner.starting is not None
     assert 'its restart failed (RuntimeError("no node can place the learner\'s ranks"))' in lines[1], lines
+    never = started_by([RuntimeError("no node can place the learner's ranks")] * 5)
     with pytest.raises(ComponentFailed, match="no node can place"):  # a rebuild that never works ends the run
-        supervisor.restart(Flaky(failing_starts=5), "its process died")
+        supervisor.restart(never, "its process died")
+        while True:
+            supervisor.finished(never, timeout_s=30)
 
 
 def test_max_failures_counts_within_the_failure_window():
@@ -188,10 +221,10 @@ def test_max_failures_counts_within_the_failure_window():
     supervisor = Supervisor(max_failures=2, say=lambda _line: None, window_s=3600, clock=lambda: now[0])
     for at in (0.0, 1800.0, 3700.0, 5500.0):  # never more than 2 within an hour: a long run survives rare faults
         now[0] = at
-        supervisor.restart(Flaky(), "its process died")
+        supervisor.restart(started_by([None]), "its process died")
     now[0] = 5600.0  # the third within the hour of 3700 and 5500
     with pytest.raises(ComponentFailed, match=r"3 failures within 3600 s.+run.max_failures=2"):
-        supervisor.restart(Flaky(), "its process died")
+        supervisor.restart(started_by([None]), "its process died")
 
 
 def _group(lag: int, last_delivered_id: str) -> GroupStats:
@@ -210,6 +243,8 @@ def test_a_component_that_reads_nothing_while_entries_wait_is_restarted_as_hung(
     os.kill(stopped_pid, signal.SIGSTOP)
     try:
         started = time.monotonic()
+        assert learner.latest("drain_metrics", default="none") == "none"  # never waits
+        assert time.monotonic() - started < 1.0
         assert learner.call("drain_metrics", default=[]) == []
         assert time.monotonic() - started < CALL_TIMEOUT_S + 5
         supervisor.check_heartbeat(learner, _group(lag=5, last_delivered_id="17-0"))  # first seen at 0
@@ -223,8 +258,13 @@ def test_a_component_that_reads_nothing_while_entries_wait_is_restarted_as_hung(
         supervisor.check_heartbeat(learner, _group(5, "17-0"))
         assert supervisor.restarts == 1
         assert "hung: no stream entry read for 600 s while 5 waited (run.hang_timeout_s)" in lines[0], lines
+        assert learner.settle(timeout_s=30) is None and learner.starting is None
         assert ray.get(learner.head.pid.remote()) != stopped_pid
         assert learner.call("drain_metrics") == [{"learner_step": 1}]
+        deadline = time.monotonic() + 30  # the new actor's answer comes back at a later ask
+        while learner.latest("drain_metrics", default="none") == "none" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert learner.latest("drain_metrics") == [{"learner_step": 1}]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(stopped_pid, signal.SIGCONT)

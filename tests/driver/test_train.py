@@ -280,19 +280,3 @@ def test_a_sigterm_after_joining_ray_starts_the_graceful_stop(tmp_path, monkeypa
             threading.Event().wait(5)
     finally:
         ray.shutdown()
-
-
-def test_a_start_up_step_in_the_background_hands_over_its_result_or_its_error():
-    from driver.train import _in_background
-
-    release = threading.Event()
-    loaded = _in_background(lambda: release.wait(5) and "learner")
-    assert not loaded.done()  # the driver goes on while it loads
-    release.set()
-    assert loaded.result(timeout=5) == "learner"
-
-    def fails():
-        raise ValueError("learner.micro_batch_tokens does not fit")
-
-    with pytest.raises(ValueError, match="micro_batch_tokens"):
-        _in_background(fails).result(timeout=5)
