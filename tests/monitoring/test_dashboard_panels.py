@@ -26,6 +26,13 @@ from slea.ports import free_port
 pytestmark = pytest.mark.whole_run  # slow too (tests/conftest.py)
 SLEA = [sys.executable, "-m", "driver.cli"]
 RUN = "dashboards"
+# Ray's processes report their metrics to the agent every RAY_metrics_report_interval_ms (10 s by
+# default, ray_config_def.h): a panel's rate() or histogram_quantile() has data once two reports
+# with counts between them fall in its window. Reported every 2 s, 40 s of training give each
+# several even on a busy machine. The test trained 90 s at the default interval (135 s alone on the
+# AMX Xeon against 85 s now); 40 s at the default also showed every panel there, idle, in one run.
+REPORT_INTERVAL_MS = 2000
+RUN_S = 40  # run.max_seconds: of training
 
 
 def ray_metrics_export_port(ray_root: Path) -> int | None:
@@ -48,7 +55,7 @@ def test_every_dashboard_panel_shows_data_of_a_real_run(tmp_path, tiny_model_dir
         "run.id": RUN,
         "model.name": tiny_model_dir,
         "model.max_new_tokens": 8,
-        "run.max_seconds": 90,  # of training: Ray's agent reports every 10 s, and rate() wants several reports
+        "run.max_seconds": RUN_S,
         "learner.max_steps": 500,
         "learner.checkpoint_every": 5,  # the learner acknowledges its entries at a checkpoint
         "envs.max_steps": 3,
@@ -68,7 +75,14 @@ def test_every_dashboard_panel_shows_data_of_a_real_run(tmp_path, tiny_model_dir
         command += ["--set", f"{key}={value}"]
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_TMPDIR": str(ray_root)}
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={
+                **os.environ,
+                "RAY_TMPDIR": str(ray_root),
+                "RAY_metrics_report_interval_ms": str(REPORT_INTERVAL_MS),
+            },
         )
 
     def exporting() -> int | None:
