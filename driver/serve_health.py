@@ -25,6 +25,7 @@ from monitoring.metrics import metric
 
 log = logging.getLogger(__name__)
 SERVE_POLL_S = 2.0  # one `serve.status()` (one call to Serve's controller) this often
+JOIN_TIMEOUT_S = 10.0  # the longest the end of a run waits for the watching thread's last ask
 REPLICA_COMPONENT = "serve_replica"  # the component label of slea_run_component_restarts_total
 
 
@@ -73,7 +74,7 @@ class ServeHealth:
     @contextlib.contextmanager
     def watching(self, every_s: float = SERVE_POLL_S) -> Iterator[ServeHealth]:
         """poll() every `every_s` on a daemon thread of its own while the block runs, whatever the
-        caller's thread is waiting on; the thread has stopped when the block ends."""
+        caller's thread is waiting on; the thread asks no more once the block has ended."""
         stopping = threading.Event()
 
         def watch() -> None:
@@ -86,4 +87,6 @@ class ServeHealth:
             yield self
         finally:
             stopping.set()
-            thread.join()
+            # an ask in flight ends within Serve's answer; one that hangs (a controller that stopped
+            # answering) must not hold the run's shutdown: the thread is a daemon
+            thread.join(timeout=JOIN_TIMEOUT_S)
