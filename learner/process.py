@@ -95,13 +95,20 @@ class LearnerProcess:
 
 def start_learner(config: SleaConfig, **options) -> list:
     """`learner.num_ranks` joined LearnerProcess actors, rank 0 first; `options` go to each actor's
-    `.options()` (num_cpus, num_gpus, resources)."""
+    `.options()` (num_cpus, num_gpus, resources). A start that fails kills every rank it made before
+    it raises: the others would sit in the rendezvous holding their CPUs or GPUs, and the driver's
+    next start could not be placed."""
     world_size = config.learner.num_ranks
     as_dict = config.model_dump(mode="json")
     ranks = [LearnerProcess.options(**options).remote(as_dict, rank, world_size) for rank in range(world_size)]
-    address = ray.get(ranks[0].rendezvous_address.remote()) if world_size > 1 else (None, None)
-    joining = [rank.join.remote(*address) for rank in ranks]
-    while joining:
-        joined, joining = ray.wait(joining)
-        ray.get(joined)  # a rank that fails to build raises now, not when the others' rendezvous times out
+    try:
+        address = ray.get(ranks[0].rendezvous_address.remote()) if world_size > 1 else (None, None)
+        joining = [rank.join.remote(*address) for rank in ranks]
+        while joining:
+            joined, joining = ray.wait(joining)
+            ray.get(joined)  # a rank that fails to build raises now, not when the others' rendezvous times out
+    except BaseException:
+        for rank in ranks:
+            ray.kill(rank, no_restart=True)
+        raise
     return ranks

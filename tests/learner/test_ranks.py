@@ -1,5 +1,5 @@
 """Two learner ranks (Ray actors as `slea train` starts them, DeepSpeed on gloo, tiny model) against one
-rank, both trained from the same records in real Redis."""
+rank, both trained from the same records in real Redis; and a start that fails leaves no rank behind."""
 
 import json
 import time
@@ -11,6 +11,7 @@ import torch
 
 from learner.checkpoint import latest_checkpoint
 from learner.learner import Learner
+from learner.memory import LearnerMemoryError
 from learner.process import start_learner
 from slea.channels import RAY_NAMESPACE, weight_registry_name
 from slea.config import SleaConfig
@@ -136,3 +137,19 @@ def test_two_ranks_train_the_update_of_one_stop_together_and_resume(
     ranks[0].stop.remote()
     runs = [rank.run.remote() for rank in ranks]
     assert ray.get(runs, timeout=120) == [2, 2]
+
+
+@pytest.mark.timeout(300)
+def test_a_start_that_fails_leaves_no_rank_holding_its_cpu(tmp_path, tiny_model_dir, redis_url, two_cpu_ray):
+    """Both ranks pass the rendezvous and raise in their build (the learner's memory check): the
+    error reaches the caller and neither rank is left alive. Before, both stayed, each holding its
+    CPU, and the driver's restart of the learner could not be placed."""
+    unfit = config(tmp_path, "unfit", tiny_model_dir, redis_url, num_ranks=2, max_steps=1)
+    unfit.learner.micro_batch_tokens = 2**36  # activations of 68.7 billion tokens
+    with pytest.raises(ray.exceptions.RayTaskError) as raised:
+        start_learner(unfit, num_cpus=1)
+    assert isinstance(raised.value.cause, LearnerMemoryError), raised.value
+    deadline = time.monotonic() + 60
+    while (free := ray.available_resources().get("CPU", 0)) < 2:
+        assert time.monotonic() < deadline, f"the failed ranks still hold {2 - free:g} of the 2 CPUs"
+        time.sleep(0.2)
