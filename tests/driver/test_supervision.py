@@ -204,11 +204,16 @@ def test_a_restart_runs_beside_the_driver_which_goes_on_meanwhile():
 def test_a_restart_that_fails_counts_as_a_failure_and_is_tried_again():
     lines: list[str] = []
     supervisor = Supervisor(max_failures=3, say=lines.append)
-    learner = started_by([RuntimeError("no node can place the learner's ranks"), threading.Event()])
+    outcomes = [RuntimeError("no node can place the learner's ranks"), None]
+    learner = started_by(outcomes)
+    kills: list[list] = []
+    learner.kill = lambda: kills.append(list(learner.handles))  # what each restart killed first
     supervisor.restart(learner, "its process died")
     assert not supervisor.finished(learner, timeout_s=30)  # the rebuild raised: one more failure, restarted
-    assert supervisor.restarts == 2 and learner.starting is not None
+    assert supervisor.restarts == 2 and len(kills) == 2
     assert 'its restart failed (RuntimeError("no node can place the learner\'s ranks"))' in lines[1], lines
+    assert not supervisor.finished(learner, timeout_s=30)  # the second rebuild comes up
+    assert outcomes == [] and learner.starting is None and learner.handles == ["its actor"]
     never = started_by([RuntimeError("no node can place the learner's ranks")] * 5)
     with pytest.raises(ComponentFailed, match="no node can place"):  # a rebuild that never works ends the run
         supervisor.restart(never, "its process died")
